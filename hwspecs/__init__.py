@@ -1,0 +1,1 @@
+"""Shipped device specs (YAML). Installed as the package ``roller.hwspecs``."""

@@ -1,0 +1,415 @@
+"""Hardware description: memory levels and execution units, loaded from a YAML spec.
+
+A device is a list of memory levels, nearest the compute first, plus its execution units (see
+DESIGN.md). This module is policy: plain data, no compiler back end. The TVM target is kept as a dict
+and resolved by codegen (``mcpu: host`` means "the CPU this process runs on").
+
+Bandwidth convention: ``MemoryLevel.bandwidth_gbps`` is the rate at which ONE execution unit reads
+data held in that level; ``total_bandwidth_gbps`` is what all units together get from it. A tile held at
+level i is filled from level i+1, so its traffic is charged to level i+1's bandwidth.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .dtypes import DTYPE_BYTES, dtype_bytes
+from .errors import DeviceSpecError
+
+KINDS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """One level of the memory hierarchy.
+
+    capacity_bytes is per unit when ``shared`` is false, for the whole device otherwise.
+    usable_fraction is how much of the capacity a tile may fill (caches are not scratchpads: a tile
+    that fills a whole cache thrashes it). banks × bank_bytes is the conflict period (GPU shared memory
+    banks, CPU cache sets × line): a tile row whose stride is a multiple of it gets bank_bytes padding.
+    """
+
+    name: str
+    capacity_bytes: int
+    shared: bool
+    transaction_bytes: int
+    bandwidth_gbps: float
+    total_bandwidth_gbps: float
+    storage_scope: str
+    usable_fraction: float = 1.0
+    banks: int | None = None
+    bank_bytes: int | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.capacity_bytes * self.usable_fraction)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ComputeUnits:
+    """The execution units a kernel scales out over (CPU cores, GPU SMs).
+
+    vector_bytes (CPU SIMD register width) or warp_threads (GPU) define the minimum schedulable unit;
+    peak_gflops is per unit, by dtype.
+    """
+
+    count: int
+    peak_gflops: Mapping[str, float]
+    vector_bytes: int | None = None
+    warp_threads: int | None = None
+    clock_ghz: float | None = None
+
+    def lanes(self, dtype: str) -> int:
+        """Elements one minimum schedulable unit handles: SIMD lanes on a CPU, warp size on a GPU."""
+        if self.vector_bytes:
+            return max(1, self.vector_bytes // dtype_bytes(dtype))
+        return self.warp_threads or 1
+
+    def peak(self, dtype: str) -> float:
+        """Peak GFLOP/s of one unit for ``dtype`` (falls back to float32's when the spec has none)."""
+        if dtype in self.peak_gflops:
+            return float(self.peak_gflops[dtype])
+        if "float32" in self.peak_gflops:
+            return float(self.peak_gflops["float32"])
+        raise DeviceSpecError(f"units.peak_gflops has no entry for {dtype!r} nor float32: add one")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["peak_gflops"] = dict(self.peak_gflops)
+        return d
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device: execution units plus memory levels (nearest compute first) and its TVM target.
+
+    ``calibration`` holds the measured figures (see roller.calibrate) when they replaced the
+    datasheet ones, else None; ``source`` says where the spec came from.
+    """
+
+    name: str
+    kind: str
+    target: Mapping[str, Any]
+    units: ComputeUnits
+    levels: tuple[MemoryLevel, ...]
+    description: str = ""
+    source: str = ""
+    fingerprint: str = ""
+    calibration: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.calibration is not None
+
+    def level(self, name: str) -> MemoryLevel:
+        for lv in self.levels:
+            if lv.name == name:
+                return lv
+        raise DeviceSpecError(f"device {self.name!r} has no memory level {name!r}: "
+                              f"it has {', '.join(lv.name for lv in self.levels)}")
+
+    @property
+    def private_levels(self) -> tuple[MemoryLevel, ...]:
+        """The per-unit levels, nearest compute first: where tiles are built up (scale-up)."""
+        return tuple(lv for lv in self.levels if not lv.shared)
+
+    @property
+    def shared_levels(self) -> tuple[MemoryLevel, ...]:
+        return tuple(lv for lv in self.levels if lv.shared)
+
+    def with_calibration(self, calibration: Mapping[str, Any]) -> "Device":
+        """A copy whose peaks and bandwidths are replaced by measured ones.
+
+        ``calibration`` has ``peak_gflops`` (dtype → per-unit GFLOP/s) and ``bandwidth_gbps``
+        (level → {"unit": GB/s, "total": GB/s}); levels or dtypes it lacks keep datasheet values.
+        """
+        peaks = dict(self.units.peak_gflops)
+        for dt, v in (calibration.get("peak_gflops") or {}).items():
+            peaks[dt] = float(v)
+        bws = calibration.get("bandwidth_gbps") or {}
+        levels = []
+        for lv in self.levels:
+            m = bws.get(lv.name)
+            if m:
+                lv = dataclasses.replace(lv, bandwidth_gbps=float(m.get("unit", lv.bandwidth_gbps)),
+                                         total_bandwidth_gbps=float(m.get("total", lv.total_bandwidth_gbps)))
+            levels.append(lv)
+        return dataclasses.replace(self, units=dataclasses.replace(self.units, peak_gflops=peaks),
+                                   levels=tuple(levels), calibration=dict(calibration))
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "description": self.description,
+            "target": dict(self.target), "units": self.units.to_dict(),
+            "levels": [lv.to_dict() for lv in self.levels], "source": self.source,
+            "fingerprint": self.fingerprint, "calibrated": self.calibrated,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML parsing with messages that name the file and the field.
+
+class _Fields:
+    """Reads typed fields out of one mapping of a spec, naming file and path in every error."""
+
+    def __init__(self, data: Any, where: str, path: str):
+        if not isinstance(data, Mapping):
+            raise DeviceSpecError(f"{where}: {path or 'top level'}: expected a mapping, got {_show(data)}")
+        self.data, self.where, self.path = data, where, path
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, expected: str) -> DeviceSpecError:
+        val = self.data.get(key, None)
+        got = "nothing (the field is missing)" if key not in self.data else _show(val)
+        return DeviceSpecError(f"{self.where}: {self._name(key)}: expected {expected}, got {got}")
+
+    def get(self, key: str, kind: str, default: Any = ..., positive: bool = True) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise self.fail(key, _KIND_TEXT[kind])
+            return default
+        val = self.data[key]
+        if kind == "int":
+            if isinstance(val, bool) or not isinstance(val, int) or (positive and val <= 0):
+                raise self.fail(key, _KIND_TEXT[kind])
+        elif kind == "float":
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or (positive and not val > 0):
+                raise self.fail(key, _KIND_TEXT[kind])
+            val = float(val)
+        elif kind == "fraction":
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 < val <= 1:
+                raise self.fail(key, _KIND_TEXT[kind])
+            val = float(val)
+        elif kind == "str":
+            if not isinstance(val, str) or not val:
+                raise self.fail(key, _KIND_TEXT[kind])
+        elif kind == "bool":
+            if not isinstance(val, bool):
+                raise self.fail(key, _KIND_TEXT[kind])
+        elif kind == "map":
+            if not isinstance(val, Mapping):
+                raise self.fail(key, _KIND_TEXT[kind])
+        elif kind == "list":
+            if not isinstance(val, list) or not val:
+                raise self.fail(key, _KIND_TEXT[kind])
+        return val
+
+    def sub(self, key: str) -> "_Fields":
+        return _Fields(self.get(key, "map"), self.where, self._name(key))
+
+    def unknown(self, allowed: set[str]) -> None:
+        extra = sorted(set(map(str, self.data)) - allowed)
+        if extra:
+            raise DeviceSpecError(f"{self.where}: {self.path or 'top level'}: unknown field(s) {', '.join(extra)}; "
+                                  f"allowed: {', '.join(sorted(allowed))}")
+
+
+_KIND_TEXT = {
+    "int": "a positive integer", "float": "a positive number", "fraction": "a number in (0, 1]",
+    "str": "a non-empty string", "bool": "true or false", "map": "a mapping", "list": "a non-empty list",
+}
+
+
+def _show(val: Any) -> str:
+    text = repr(val)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from an int or a string like ``48K``, ``2MiB``, ``105 MB`` (binary units); None if invalid."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            mult = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}[(m.group(2) or "")[:1].lower()]
+            n = int(m.group(1)) * mult
+            return n if n > 0 else None
+    return None
+
+
+def device_from_dict(data: Any, where: str = "<spec>") -> Device:
+    """Builds and validates a Device from parsed YAML; errors name ``where`` and the field."""
+    top = _Fields(data, where, "")
+    top.unknown({"name", "kind", "description", "target", "units", "levels", "base"})
+    name = top.get("name", "str")
+    kind = top.get("kind", "str")
+    if kind not in KINDS:
+        raise top.fail("kind", f"one of {', '.join(KINDS)}")
+    target = dict(top.get("target", "map"))
+    if not isinstance(target.get("kind"), str):
+        raise DeviceSpecError(f"{where}: target.kind: expected a TVM target kind such as 'llvm' or 'cuda', "
+                              f"got {_show(target.get('kind'))}")
+
+    u = top.sub("units")
+    u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz"})
+    peaks_f = u.sub("peak_gflops")
+    peaks = {}
+    for dt in peaks_f.data:
+        if dt not in DTYPE_BYTES:
+            raise DeviceSpecError(f"{where}: units.peak_gflops.{dt}: unknown dtype; use one of {', '.join(DTYPE_BYTES)}")
+        peaks[dt] = peaks_f.get(dt, "float")
+    if not peaks:
+        raise u.fail("peak_gflops", "a mapping dtype -> GFLOP/s per unit with at least one entry")
+    units = ComputeUnits(
+        count=u.get("count", "int"), peak_gflops=peaks,
+        vector_bytes=u.get("vector_bytes", "int", None), warp_threads=u.get("warp_threads", "int", None),
+        clock_ghz=u.get("clock_ghz", "float", None))
+    if (units.vector_bytes is None) == (units.warp_threads is None):
+        raise DeviceSpecError(f"{where}: units: give exactly one of vector_bytes (CPU SIMD width) "
+                              f"or warp_threads (GPU warp size)")
+
+    levels = []
+    for i, raw in enumerate(top.get("levels", "list")):
+        f = _Fields(raw, where, f"levels[{i}]")
+        f.unknown({"name", "capacity", "shared", "transaction_bytes", "bandwidth_gbps", "total_bandwidth_gbps",
+                   "storage_scope", "usable_fraction", "banks", "bank_bytes"})
+        lname = f.get("name", "str")
+        cap = parse_size(f.data.get("capacity"))
+        if cap is None:
+            raise f.fail("capacity", "a size in bytes such as 49152, '48K' or '2MiB'")
+        shared = f.get("shared", "bool")
+        bw = f.get("bandwidth_gbps", "float")
+        total = f.get("total_bandwidth_gbps", "float", None)
+        if total is None:
+            if shared:
+                raise f.fail("total_bandwidth_gbps", "a positive number (a shared level needs its all-units bandwidth)")
+            total = bw * units.count
+        banks, bank_bytes = f.get("banks", "int", None), f.get("bank_bytes", "int", None)
+        if (banks is None) != (bank_bytes is None):
+            raise DeviceSpecError(f"{where}: levels[{i}]: give both banks and bank_bytes, or neither")
+        levels.append(MemoryLevel(
+            name=lname, capacity_bytes=cap, shared=shared, transaction_bytes=f.get("transaction_bytes", "int"),
+            bandwidth_gbps=bw, total_bandwidth_gbps=total, storage_scope=f.get("storage_scope", "str"),
+            usable_fraction=f.get("usable_fraction", "fraction", 1.0), banks=banks, bank_bytes=bank_bytes))
+    names = [lv.name for lv in levels]
+    if len(set(names)) != len(names):
+        raise DeviceSpecError(f"{where}: levels: names must be unique, got {', '.join(names)}")
+    if levels[0].shared:
+        raise DeviceSpecError(f"{where}: levels[0] ({levels[0].name}): the level nearest compute must be per unit "
+                              f"(shared: false)")
+    seen_shared = False
+    for i, lv in enumerate(levels):
+        if seen_shared and not lv.shared:
+            raise DeviceSpecError(f"{where}: levels[{i}] ({lv.name}): a per-unit level cannot follow a shared one; "
+                                  f"list levels nearest compute first")
+        seen_shared |= lv.shared
+    if not levels[-1].shared:
+        raise DeviceSpecError(f"{where}: levels: the last level (main memory) must be shared: true")
+    return Device(name=name, kind=kind, target=target, units=units, levels=tuple(levels),
+                  description=str(top.data.get("description", "")), source=where)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding specs.
+
+def spec_dir() -> Path:
+    """The folder of shipped specs (``hwspecs/`` at the project's top level)."""
+    return Path(str(resources.files("roller.hwspecs")))
+
+
+def shipped_specs() -> dict[str, Path]:
+    """Name → path of every shipped spec (file stem)."""
+    return {p.stem: p for p in sorted(spec_dir().glob("*.yaml"))}
+
+
+def load_spec_file(path: str | os.PathLike) -> Device:
+    """Parses one YAML spec file; DeviceSpecError names the file and the field on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise DeviceSpecError(f"{p}: cannot read the spec ({e.strerror or e}); check the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise DeviceSpecError(f"{p}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+    if isinstance(data, Mapping) and "base" in data:
+        return _load_with_base(data, p)
+    return device_from_dict(data, str(p))
+
+
+def _deep_merge(base: Mapping, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _load_with_base(data: Mapping, path: Path) -> Device:
+    """A spec with ``base: NAME`` overrides fields of a shipped spec (levels matched by name)."""
+    base_name = data["base"]
+    specs = shipped_specs()
+    if base_name not in specs:
+        raise DeviceSpecError(f"{path}: base: no shipped spec {base_name!r}; shipped: {', '.join(specs)}")
+    base = yaml.safe_load(specs[base_name].read_text())
+    merged = _deep_merge(base, {k: v for k, v in data.items() if k not in ("base", "levels")})
+    if "levels" in data:
+        if not isinstance(data["levels"], list):
+            raise DeviceSpecError(f"{path}: levels: expected a list of level overrides with a name each")
+        by_name = {lv["name"]: lv for lv in merged["levels"]}
+        for i, lv in enumerate(data["levels"]):
+            if not isinstance(lv, Mapping) or lv.get("name") not in by_name:
+                raise DeviceSpecError(f"{path}: levels[{i}]: an override must name one of the base's levels "
+                                      f"({', '.join(by_name)})")
+            by_name[lv["name"]].update(lv)
+    return device_from_dict(merged, str(path))
+
+
+def load_device(spec: str | os.PathLike | None = None, calibrated: bool = True) -> Device:
+    """The device for a name, a YAML path, or None / ``host`` (this machine, the default).
+
+    With ``calibrated`` the per-user calibration of that device, if any, replaces datasheet figures
+    (see roller.calibrate); a corrupt calibration file is ignored with a warning, never fatal.
+    """
+    if spec is None or str(spec) == "host":
+        from .host import host_device
+        dev = host_device()
+    else:
+        specs = shipped_specs()
+        s = str(spec)
+        if s in specs:
+            dev = load_spec_file(specs[s])
+        elif s.endswith((".yaml", ".yml")) or os.sep in s or Path(s).exists():
+            dev = load_spec_file(s)
+        else:
+            raise DeviceSpecError(f"unknown device {s!r}: use 'host', one of {', '.join(specs)}, "
+                                  f"or the path of a YAML spec")
+    if not dev.fingerprint:
+        dev = dataclasses.replace(dev, fingerprint=spec_fingerprint(dev))
+    if calibrated:
+        try:
+            from . import calibrate
+        except ImportError:  # calibration module absent: datasheet figures only
+            return dev
+        found = calibrate.load_calibration(dev)
+        if found is not None:
+            dev = dev.with_calibration(found)
+    return dev
+
+
+def spec_fingerprint(dev: Device) -> str:
+    """A short hash of what the hardware is (units, levels' capacities, target): keys calibration files."""
+    import hashlib
+    key = repr((dev.kind, dict(sorted(dev.target.items())), dev.units.count, dev.units.vector_bytes,
+                dev.units.warp_threads, [(lv.name, lv.capacity_bytes, lv.shared) for lv in dev.levels]))
+    return hashlib.sha256(key.encode()).hexdigest()[:12]

@@ -1,0 +1,25 @@
+"""Error types. Every message names what is wrong (file, field, axis, value) and what to do."""
+
+
+class RollerError(Exception):
+    """Base class of every error roller raises on purpose."""
+
+
+class DeviceSpecError(RollerError):
+    """A hardware spec (YAML file or calibration) is missing, malformed or inconsistent."""
+
+
+class UnsupportedExpressionError(RollerError):
+    """The tensor expression is outside what roller can analyse (non-affine index, several reductions...)."""
+
+
+class InvalidShapeError(RollerError):
+    """An operator shape or dtype is invalid (zero, negative, too large, unknown dtype)."""
+
+
+class BuildError(RollerError):
+    """No candidate kernel could be built, verified and timed."""
+
+
+class CalibrationError(RollerError):
+    """A calibration run or a calibration cache file is unusable."""

@@ -1,0 +1,77 @@
+"""RProgram: the constructor's output, a complete plan for one kernel, as plain data.
+
+It is the contract between the policy (construct) and the back ends (codegen/<target>): the tile of
+every per-unit memory level, how the top-level tiles spread over the execution units, which inputs are
+packed, and what the model predicts. Serialisable with to_dict / from_dict.
+
+Tile semantics (for codegen): ``tiles[i]`` is the rTile held at memory level ``levels[i]`` (nearest
+compute first), giving a size for every axis of the expression. Along each axis a level's tile is a
+multiple of the tile of the level before it. The last (top) tile is what one execution unit handles at a
+time; it may overhang the axis extent (the padding waste is bounded by ``epsilon``). Reduction axes are
+never split across units.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class RProgram:
+    """A constructed kernel plan (see module docstring)."""
+
+    levels: tuple[str, ...]
+    tiles: tuple[Mapping[str, int], ...]
+    grid: Mapping[str, int]
+    units: int
+    waves: int
+    vector_axis: str | None = None
+    packed: tuple[str, ...] = ()
+    storage_pad: Mapping[str, int] = field(default_factory=dict)  # tensor -> elements padded per row
+    predicted_seconds: float = math.nan
+    compute_seconds: float = math.nan
+    memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
+    footprint_bytes: Mapping[str, int] = field(default_factory=dict)   # level -> bytes one tile holds
+    traffic_bytes: Mapping[str, int] = field(default_factory=dict)     # level -> bytes moved into it, whole op
+    epsilon: float = 0.0
+
+    def tile(self, level: str) -> Mapping[str, int]:
+        return self.tiles[self.levels.index(level)]
+
+    @property
+    def top(self) -> Mapping[str, int]:
+        return self.tiles[-1]
+
+    @property
+    def key(self) -> tuple:
+        """Identity of the plan (tiles and packing), for de-duplication."""
+        return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.packed)
+
+    def to_dict(self) -> dict:
+        return {
+            "levels": list(self.levels),
+            "tiles": {lv: dict(t) for lv, t in zip(self.levels, self.tiles)},
+            "grid": dict(self.grid), "units": self.units, "waves": self.waves,
+            "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
+            "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
+            "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
+            "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RProgram":
+        levels = tuple(d["levels"])
+        return cls(
+            levels=levels, tiles=tuple(dict(d["tiles"][lv]) for lv in levels), grid=dict(d["grid"]),
+            units=int(d["units"]), waves=int(d["waves"]), vector_axis=d.get("vector_axis"),
+            packed=tuple(d.get("packed", ())), storage_pad=dict(d.get("storage_pad", {})),
+            predicted_seconds=float(d.get("predicted_seconds", math.nan)),
+            compute_seconds=float(d.get("compute_seconds", math.nan)),
+            memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),
+            traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)))
+
+    def describe(self) -> str:
+        """One line per level, e.g. ``L1: m=32 n=64 k=128``."""
+        return "\n".join(f"{lv}: " + " ".join(f"{a}={s}" for a, s in t.items())
+                         for lv, t in zip(self.levels, self.tiles))
