@@ -1,0 +1,153 @@
+"""The Python interface: load a device, construct plans for a function, build a function into a kernel.
+
+    import roller
+    dev = roller.load_device()                      # this machine (or a name / a YAML path)
+    plans = roller.construct(roller.ops.matmul(1024, 1024, 1024), dev)   # plain data, no build
+    result = roller.build_op("matmul", {"M": 1024, "N": 1024, "K": 1024})  # profiled, verified kernel
+    result.report                                    # the JSON report (see Report.to_dict)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .construct import Construction, construct as _construct
+from .device import Device, load_device
+from .errors import InvalidShapeError
+from .expr import Expr, fuse_axes
+from .rprogram import RProgram
+
+
+def _device(device: Device | str | None) -> Device:
+    return device if isinstance(device, Device) else load_device(device)
+
+
+def analyze(func) -> tuple[Expr, Any]:
+    """(fused Expr, normalized PrimFunc) of a TVM PrimFunc / IRModule / list of TE tensors."""
+    from .analysis import analyze as _analyze
+
+    found = _analyze(func)
+    return fuse_axes(found.expr), found.func
+
+
+def construct(func_or_expr, device: Device | str | None = None, topk: int = 10) -> Construction:
+    """The ranked top-``topk`` RPrograms for a function (or an Expr); policy only, nothing is built."""
+    dev = _device(device)
+    expr = func_or_expr if isinstance(func_or_expr, Expr) else analyze(func_or_expr)[0]
+    return _construct(expr, dev, topk)
+
+
+@dataclass
+class BuildResult:
+    """A built, verified kernel: ``module`` runs it (TVM tensors in parameter order), ``report`` says how
+    it was chosen (keys as in the CLI's --json), ``program`` is the winning plan."""
+
+    module: Any
+    program: RProgram
+    report: dict
+    expr: Expr
+    device: Device
+    profile: Any = field(default=None, repr=False)
+
+    def save(self, directory) -> dict[str, str]:
+        """Writes the kernel library and report.json into ``directory``; returns their paths."""
+        from .output import save_build
+        return save_build(self, directory)
+
+
+def build(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
+          inputs: Sequence[np.ndarray] | None = None, reference: np.ndarray | None = None,
+          progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None) -> BuildResult:
+    """Constructs, builds and verifies a kernel for ``func``.
+
+    With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
+    fastest verified one wins; without it only the model's first plan is built (still verified).
+    ``inputs`` / ``reference`` are numpy arrays for the check (random inputs and TVM's unscheduled build
+    of ``func`` are used when absent).
+    """
+    from .profile import profile as _profile
+
+    t0 = time.perf_counter()
+    dev = _device(device)
+    expr, norm = analyze(func)
+    cons = _construct(expr, dev, topk if profile else 1)
+    programs = list(cons.programs if profile else cons.programs[:1])
+    if inputs is None:
+        inputs = random_inputs(norm)
+    prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile)
+    best = prof.best
+    program = programs[best]
+    kernel_s = prof.candidates[best].measured_seconds if profile else None
+    report = {
+        "op": name or expr.name,
+        "shape": dict(shape) if shape is not None else {a.name: a.extent for a in expr.axes},
+        "dtype": expr.dtype,
+        "device": dev.name,
+        "device_calibrated": dev.calibrated,
+        "construct_seconds": cons.seconds,
+        "build_seconds": time.perf_counter() - t0,
+        "kernel_seconds": kernel_s,
+        "gflops": (expr.flops / kernel_s / 1e9) if kernel_s else None,
+        "predicted_gflops": expr.flops / program.predicted_seconds / 1e9 if program.predicted_seconds else None,
+        "verified": bool(prof.candidates[best].verified),
+        "chosen": best,
+        "epsilon": cons.epsilon,
+        "threads": dev.units.count,
+        "candidates": [_candidate_report(p, c) for p, c in zip(programs, prof.candidates)],
+    }
+    return BuildResult(module=prof.module, program=program, report=report, expr=expr, device=dev, profile=prof)
+
+
+def _candidate_report(p: RProgram, c) -> dict:
+    return {
+        "tiles": {lv: dict(t) for lv, t in zip(p.levels, p.tiles)},
+        "packed": list(p.packed),
+        "units": p.units, "waves": p.waves,
+        "predicted_seconds": p.predicted_seconds,
+        "measured_seconds": c.measured_seconds,
+        "compile_seconds": c.compile_seconds,
+        "verified": bool(c.verified),
+        "error": c.error,
+        "footprint_bytes": dict(p.footprint_bytes),
+        "traffic_bytes": dict(p.traffic_bytes),
+    }
+
+
+def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
+    """Random arrays for a PrimFunc's input parameters (all but the last, the output)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in list(func.params)[:-1]:
+        buf = func.buffer_map[p] if hasattr(func, "buffer_map") and p in getattr(func, "buffer_map", {}) else p
+        shape = tuple(int(s) for s in buf.shape)
+        dtype = str(buf.dtype)
+        if "float" in dtype:
+            arrays.append(rng.uniform(-1, 1, shape).astype(dtype))
+        else:
+            arrays.append(rng.integers(-4, 5, shape).astype(dtype))
+    return arrays
+
+
+def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: Device | str | None = None,
+             topk: int = 10, profile: bool = True, progress: bool = False) -> BuildResult:
+    """Builds one of roller's named operators (see roller.ops.OPS), verified against its numpy reference."""
+    from . import ops
+
+    spec = ops.OPS.get(op)
+    if spec is None:
+        raise InvalidShapeError(f"unknown operator {op!r}: use one of {', '.join(ops.OPS)}")
+    full = ops.validate_shape(op, dict(shape), dtype)
+    func = spec.make(full, dtype)
+    rng = np.random.default_rng(0)
+    inputs = spec.inputs(full, dtype, rng)
+    reference = spec.reference(inputs, full)
+    result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
+                   progress=progress, name=op, shape=full)
+    kernel_s = result.report["kernel_seconds"]
+    flops = spec.flops(full)
+    result.report["gflops"] = flops / kernel_s / 1e9 if kernel_s else None
+    return result
+

@@ -1,0 +1,148 @@
+"""The ``roller`` command: ``roller build``, ``roller devices``, ``roller calibrate``.
+
+Errors exit non-zero with one line on stderr (``--debug`` shows the traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from .errors import RollerError
+
+EXIT_ERROR = 2
+
+
+def _fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _print_build(report: dict, result) -> None:
+    chosen = report["candidates"][report["chosen"]]
+    shape = ",".join(f"{k}={v}" for k, v in report["shape"].items())
+    cal = "calibrated" if report.get("device_calibrated") else "datasheet figures (run `roller calibrate`)"
+    print(f"roller build {report['op']} {shape} {report['dtype']} on {report['device']} "
+          f"({report['threads']} threads, model: {cal})")
+    print("chosen rTiles (per memory level, nearest compute first):")
+    for level, tile in chosen["tiles"].items():
+        print(f"  {level:>5}: " + " ".join(f"{a}={s}" for a, s in tile.items()))
+    if chosen["packed"]:
+        print(f"  packed inputs: {', '.join(chosen['packed'])}")
+    print(f"  grid over {chosen['units']} units in {chosen['waves']} waves")
+    print(f"predicted {_fmt_seconds(chosen['predicted_seconds'])}, measured {_fmt_seconds(report['kernel_seconds'])}"
+          + (f", {report['gflops']:.1f} GFLOP/s" if report.get("gflops") else "")
+          + f", verified against numpy: {'yes' if report['verified'] else 'NO'}")
+    n_ok = sum(1 for c in report["candidates"] if c["verified"])
+    print(f"{len(report['candidates'])} candidates ({n_ok} verified), chose #{report['chosen']}; "
+          f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
+    if result is not None and getattr(result, "saved", None):
+        print(f"wrote {result.saved['library']} and {result.saved['report']}")
+
+
+def cmd_build(args) -> int:
+    from . import api, ops
+
+    shape = ops.parse_shape(args.op, args.shape)
+    result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
+                          progress=not args.json and sys.stderr.isatty())
+    result.saved = result.save(args.out) if args.out else None
+    if args.json:
+        print(json.dumps(result.report))
+    else:
+        _print_build(result.report, result)
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from .device import load_device, shipped_specs
+
+    names = ["host"] + list(shipped_specs())
+    rows = []
+    for name in names:
+        try:
+            dev = load_device(name)
+        except RollerError as e:
+            rows.append({"name": name, "error": str(e)})
+            continue
+        rows.append(dev.to_dict())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for d in rows:
+        if "error" in d:
+            print(f"{d['name']}: unavailable: {d['error']}")
+            continue
+        u = d["units"]
+        peaks = ", ".join(f"{k} {v:.0f}" for k, v in u["peak_gflops"].items())
+        print(f"{d['name']}: {d['description']}")
+        print(f"  units: {u['count']}, peak GFLOP/s per unit: {peaks} "
+              f"[{'calibrated' if d['calibrated'] else 'datasheet'}]")
+        for lv in d["levels"]:
+            print(f"  {lv['name']:>5}: {lv['capacity_bytes'] // 1024} KiB {'shared' if lv['shared'] else 'per unit'}, "
+                  f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
+        print(f"  source: {d['source']}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from .ops import OPS
+
+    p = argparse.ArgumentParser(prog="roller", description="Fast tensor kernels by construction (Roller) on TVM.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="construct, build, verify and time a kernel for an operator")
+    b.add_argument("op", choices=sorted(OPS), help="operator")
+    b.add_argument("--shape", required=True,
+                   help="sizes as NAME=V,...: " + "; ".join(f"{n}: {','.join(s.shape_keys)}"
+                                                           + (f" [+{','.join(s.optional_keys)}]" if s.optional_keys else "")
+                                                           for n, s in sorted(OPS.items())))
+    b.add_argument("--dtype", default="float32", help="element type (default float32)")
+    b.add_argument("--device", default=None, help="'host' (default), a shipped spec name, or a YAML spec path")
+    b.add_argument("--topk", type=int, default=10, help="candidates to build and time (default 10)")
+    b.add_argument("--no-profile", action="store_true", help="build only the model's first plan (still verified)")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.add_argument("--out", metavar="DIR", help="write the kernel library and the report into DIR")
+    b.set_defaults(func=cmd_build)
+
+    d = sub.add_parser("devices", help="list the devices roller knows (host and shipped specs)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_devices)
+
+    try:
+        from .calibrate import register_cli
+    except ImportError:
+        pass
+    else:
+        register_cli(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "topk", 1) is not None and getattr(args, "topk", 1) < 1:
+        parser.error("--topk must be at least 1")
+    try:
+        return args.func(args)
+    except RollerError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"roller: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("roller: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: still one line, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        print(f"roller: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

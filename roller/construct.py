@@ -1,0 +1,219 @@
+"""Construction: scale up level by level, scale out over the units, rank with the model (no search).
+
+Scale-up (DESIGN.md, the paper's Figure 8): at the level nearest compute, start from the smallest
+aligned tile and grow it along the axis with the best data-reuse score until the next step would not
+fit the level or no step saves traffic; the tile becomes the seed of the next level. A few tiles per
+level go on (the greedy end, the first tile that is compute bound, the steps just before the end), so
+the levels multiply into a small set of plans. Scale-out: the top tiles' grid spreads over the units
+in waves; a plan with fewer tiles than units is rebuilt with one spatial axis bounded ("shrink").
+Plans are ranked with roller.model; epsilon (the allowed padding waste) grows only when too few exist.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from .device import Device
+from .errors import UnsupportedExpressionError
+from .expr import REDUCE, Expr
+from .model import Estimate, estimate
+from .rprogram import RProgram
+from .rtile import LevelRules, axis_step, ceil_div, footprint, next_aligned, reuse_score, tile_counts, traffic
+
+EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+BRANCH = 3  # tiles per level carried on to the next level
+
+
+@dataclass(frozen=True)
+class Construction:
+    """The ranked plans of one expression on one device, and how long constructing them took."""
+
+    expr: Expr
+    programs: tuple[RProgram, ...]
+    epsilon: float
+    seconds: float
+    considered: int
+
+
+def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: float) -> dict[str, int] | None:
+    """The smallest tile at this level that nests the seed and follows the level's alignment."""
+    tile = {}
+    for a in expr.axes:
+        lower = seed.get(a.name, 1)
+        size = next_aligned(a.extent, lower - 1, axis_step(expr, a.name, rules), lower, eps)
+        if size is None:
+            return None
+        tile[a.name] = size
+    return tile
+
+
+def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, device: Device,
+                   below_bw_gbps: float) -> bool:
+    """Whether filling this level costs less time than computing on it (the tile is big enough)."""
+    compute = expr.flops / (device.units.peak(expr.in_dtype) * 1e9)
+    return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
+
+
+def scale_up(expr: Expr, device: Device, index: int, seed: Mapping[str, int], eps: float,
+             bounds: Mapping[str, int] | None = None, units_floor: int = 1,
+             child: Mapping[str, int] | None = None) -> list[dict[str, int]]:
+    """Grows a tile at private level ``index`` from ``seed`` (the lower level's tile, or ones).
+
+    Returns up to BRANCH distinct tiles, best first: the greedy end, the first compute-bound tile on the
+    way, and the step before the end. ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids
+    steps that would leave fewer spatial tiles than that (scale-out needs tiles for every unit).
+    The score of a step also counts what it saves the level below (``child``, usually the seed): a
+    longer reduction here means fewer reloads of the child's output tile.
+    """
+    bounds = bounds or {}
+    rules = LevelRules.of(device, index, expr)
+    levels = device.private_levels
+    below = levels[index + 1] if index + 1 < len(levels) else device.shared_levels[0]
+    tile = _first_tile(expr, rules, seed, eps)
+    if tile is None or footprint(expr, tile, rules) > rules.capacity:
+        return []
+    limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
+    steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
+    child_rules = LevelRules.of(device, index - 1, expr) if index > 0 and child is not None else None
+    path = [tile]
+    first_bound = None
+    while True:
+        if first_bound is None and _compute_bound(expr, tile, rules, device, below.bandwidth_gbps):
+            first_bound = tile
+        best = None
+        for a in expr.axes:
+            nxt = next_aligned(a.extent, tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
+            if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
+                continue
+            grown = {**tile, a.name: nxt}
+            if footprint(expr, grown, rules) > rules.capacity:
+                continue
+            if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
+                continue
+            score = reuse_score(expr, tile, grown, rules)
+            if child_rules is not None:
+                saved = traffic(expr, child, child_rules, tile) - traffic(expr, child, child_rules, grown)
+                df = footprint(expr, grown, rules) - footprint(expr, tile, rules)
+                score += saved / df if df > 0 else 0.0
+            if score > 0 and (best is None or score > best[0]):
+                best = (score, grown)
+        if best is None:
+            break
+        tile = best[1]
+        path.append(tile)
+    picks = [path[-1]]
+    if first_bound is not None:
+        picks.append(first_bound)
+    picks += path[-2:-BRANCH - 1:-1]
+    out = []
+    for t in picks:
+        if t not in out:
+            out.append(t)
+    return out[:BRANCH]
+
+
+def _packing(expr: Expr, tiles: list[dict[str, int]], device: Device) -> tuple[tuple[str, ...], dict[str, int]]:
+    """Inputs worth copying into a contiguous buffer per top tile, and their row padding.
+
+    A tensor is packed when, inside the top tile, its rows are strided (the tile covers part of the
+    contiguous dimension) and the top tile re-reads it (an axis it does not depend on spans several
+    tiles of the level below): the copy is paid once and every re-read streams contiguous lines.
+    """
+    if len(tiles) < 2:
+        return (), {}
+    top, under = tiles[-1], tiles[-2]
+    rules = LevelRules.of(device, len(tiles) - 2, expr)
+    packed, pads = [], {}
+    for t in expr.inputs:
+        region = t.region(top)
+        if len(region) < 2 or region[-1] >= t.shape[-1]:
+            continue
+        if not any(a.name not in t.axes and top[a.name] > under[a.name] for a in expr.axes):
+            continue
+        packed.append(t.name)
+        pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes)
+        if pad:
+            pads[t.name] = max(1, pad // t.elem_bytes)
+    return tuple(packed), pads
+
+
+def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate) -> RProgram:
+    packed, pads = _packing(expr, tiles, device)
+    grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
+    return RProgram(
+        levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
+        units=est.units, waves=est.waves, vector_axis=expr.vector_axis, packed=packed, storage_pad=pads,
+        predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
+        footprint_bytes=dict(est.footprint_bytes), traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
+
+
+def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int]) -> list[list[dict[str, int]]]:
+    """Every combination of the per-level tiles scale_up carries on (depth first, bottom level first)."""
+    n = len(device.private_levels)
+    units = device.units.count
+    out: list[list[dict[str, int]]] = []
+
+    def walk(index: int, seed: Mapping[str, int], acc: list[dict[str, int]]):
+        floor = units if index == n - 1 else 1
+        for tile in scale_up(expr, device, index, seed, eps, bounds, units_floor=floor, child=seed or None):
+            if index == n - 1:
+                out.append(acc + [tile])
+            else:
+                walk(index + 1, tile, acc + [tile])
+
+    walk(0, {}, [])
+    return out
+
+
+def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
+    """One bound per spatial axis that, alone, leaves at least one tile per unit along it."""
+    out = []
+    for a in expr.spatial_axes:
+        if a.extent > 1:
+            out.append({a.name: max(1, ceil_div(a.extent, device.units.count))})
+    return out
+
+
+def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProgram]:
+    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated."""
+    plans = _plans(expr, device, epsilon, {})
+    ests = [estimate(expr, p, device) for p in plans]
+    if not ests or max(e.units for e in ests) < device.units.count:
+        for b in _shrink_bounds(expr, device):
+            more = _plans(expr, device, epsilon, b)
+            plans += more
+            ests += [estimate(expr, p, device) for p in more]
+    ranked = sorted(zip(ests, range(len(plans))), key=lambda x: (x[0].rank_key, x[1]))
+    seen, out = set(), []
+    for est, i in ranked:
+        prog = _program(expr, plans[i], device, epsilon, est)
+        if prog.key not in seen:
+            seen.add(prog.key)
+            out.append(prog)
+    return out
+
+
+def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
+    """The top-``topk`` plans for ``expr`` on ``device``; epsilon grows only while fewer than topk exist."""
+    if topk < 1:
+        raise ValueError("topk must be at least 1")
+    if device.kind != "cpu" and not device.private_levels:
+        raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
+    t0 = time.perf_counter()
+    best: list[RProgram] = []
+    eps = EPSILON_STEPS[0]
+    for eps in EPSILON_STEPS:
+        progs = enumerate_programs(expr, device, eps)
+        keys = {p.key for p in best}
+        best += [p for p in progs if p.key not in keys]
+        if len(best) >= topk:
+            break
+    if not best:
+        raise UnsupportedExpressionError(
+            f"{expr.name}: no tile fits the device {device.name!r} (even with {EPSILON_STEPS[-1]:.0%} padding); "
+            f"the tensors' smallest tiles exceed the level capacities")
+    best.sort(key=lambda p: (p.predicted_seconds, sum(p.memory_seconds.values())))
+    return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
+                        seconds=time.perf_counter() - t0, considered=len(best))

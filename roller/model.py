@@ -1,0 +1,90 @@
+"""The micro performance model (the paper's): memory time per level, compute time, waves.
+
+Its only inputs are the Expr, the tiles, and the Device's figures: ``units.peak(dtype)`` and each
+level's ``bandwidth_gbps`` / ``total_bandwidth_gbps``. Those are datasheet values until ``roller
+calibrate`` has measured the device, after which ``load_device`` hands over the measured ones; nothing
+else feeds the model.
+
+For a plan with tiles T_0..T_{L-1} over the per-unit levels, the operator is cut into S top tiles
+(spatial grid) spread over U units in W = ceil(S / U) waves. One top tile costs
+max(compute, memory time of every level), where level i's memory time is the traffic Q_i(T_i) that
+fills it from the level below divided by that level's bandwidth per unit (a shared level's bandwidth is
+split between the active units). The plan costs W times that.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .device import Device, MemoryLevel
+from .expr import Expr
+from .rtile import LevelRules, footprint, round_up, tile_counts, traffic
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the model predicts for one plan; memory and traffic figures are per private level."""
+
+    seconds: float
+    compute_seconds: float
+    memory_seconds: Mapping[str, float] = field(default_factory=dict)
+    traffic_bytes: Mapping[str, int] = field(default_factory=dict)
+    footprint_bytes: Mapping[str, int] = field(default_factory=dict)
+    tiles: int = 1
+    units: int = 1
+    waves: int = 1
+
+    @property
+    def rank_key(self) -> tuple[float, float]:
+        """Sort key: predicted time, then total memory time (less traffic wins a tie of compute-bound plans)."""
+        return (self.seconds, sum(self.memory_seconds.values()))
+
+
+def data_source(expr: Expr, device: Device) -> MemoryLevel:
+    """The shared level the operator's data lives in: the first whose usable capacity holds all tensors."""
+    total = sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
+    shared = device.shared_levels
+    for lv in shared:
+        if total <= lv.usable_bytes:
+            return lv
+    return shared[-1]
+
+
+def padded_flops(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], lanes: int) -> float:
+    """Flops the kernel executes: tiles that overhang compute padding, and a register tile narrower than a
+    vector along the vector axis still issues whole vectors."""
+    pts = math.prod(round_up(a.extent, top[a.name]) for a in expr.axes)
+    va = expr.vector_axis
+    if va is not None and lanes > 1:
+        t = reg[va]
+        pts *= round_up(t, lanes) / t
+    return pts * expr.flops_per_point
+
+
+def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> Estimate:
+    """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``."""
+    levels = device.private_levels
+    if len(tiles) != len(levels):
+        raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
+    _, spatial = tile_counts(expr, tiles[-1])
+    units = max(1, min(device.units.count, spatial))
+    waves = math.ceil(spatial / device.units.count)
+    lanes = device.units.lanes(expr.in_dtype)
+    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes) / (device.units.peak(expr.in_dtype) * 1e9)
+    per_tile = compute_all / spatial
+    source = data_source(expr, device)
+    mem, traf, foot = {}, {}, {}
+    for i, (lv, tile) in enumerate(zip(levels, tiles)):
+        rules = LevelRules.of(device, i, expr)
+        q = traffic(expr, tile, rules, tiles[i + 1] if i + 1 < len(tiles) else None)
+        below = levels[i + 1] if i + 1 < len(levels) else source
+        bw = below.bandwidth_gbps
+        if below.shared:
+            bw = min(bw, below.total_bandwidth_gbps / units)
+        mem[lv.name] = q / (bw * 1e9)
+        traf[lv.name] = q
+        foot[lv.name] = footprint(expr, tile, rules)
+    worst = max([per_tile] + [m / spatial for m in mem.values()])
+    return Estimate(seconds=waves * worst, compute_seconds=compute_all / units, memory_seconds=mem,
+                    traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units, waves=waves)

@@ -1,0 +1,35 @@
+"""Writing a build's artefacts (kernel library, report) without ever leaving half-written files."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through a temp file in the same folder and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_build(result, directory) -> dict[str, str]:
+    """Saves ``<op>.so`` (the kernel library) and ``<op>.json`` (the report) into ``directory``."""
+    out = Path(directory)
+    stem = str(result.report.get("op") or result.expr.name)
+    lib = out / f"{stem}.so"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_lib = Path(tmp) / lib.name
+        result.profile.save_library(tmp_lib)
+        atomic_write_bytes(lib, tmp_lib.read_bytes())
+    report = dict(result.report, program=result.program.to_dict(), library=str(lib))
+    rep = out / f"{stem}.json"
+    atomic_write_bytes(rep, (json.dumps(report, indent=2) + "\n").encode())
+    return {"library": str(lib), "report": str(rep)}

@@ -1,0 +1,192 @@
+"""rTiles: tile shapes over an expression's axes, and what they cost at one memory level.
+
+Everything here is static arithmetic over the Expr's affine access maps (see DESIGN.md, "rTile"):
+- the region each tensor's tile covers (a sliding window for convolution),
+- the footprint at a level: regions rounded to the level's transaction length, plus storage padding,
+- the traffic into a level when the whole operator runs at this tile's granularity,
+- the next aligned size along an axis (nesting in the lower level's tile, SIMD width at the level nearest
+  compute, transaction length above it, tensor shape within the padding bound epsilon),
+- the data-reuse score S_i = (Q(T) - Q(T'_i)) / (F(T'_i) - F(T)).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from .device import Device, MemoryLevel
+from .expr import REDUCE, Expr, TensorAccess
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def padding_waste(extent: int, tile: int) -> float:
+    """Fraction of padded work when ``extent`` is covered by tiles of ``tile``: (S - N mod S) / N."""
+    return (round_up(extent, tile) - extent) / extent
+
+
+@dataclass(frozen=True)
+class LevelRules:
+    """The alignment and storage facts of one memory level that tiles held there must follow.
+
+    ``index`` is the level's position (0 = nearest compute). At level 0 the minimum schedulable unit
+    applies (``lanes`` along the vector axis) and regions are counted in elements; above it every
+    tensor row is rounded to the transaction length and padded against bank / cache-set conflicts.
+    """
+
+    index: int
+    level: MemoryLevel
+    lanes: int
+    vector_axis: str | None
+
+    @classmethod
+    def of(cls, device: Device, index: int, expr: Expr) -> "LevelRules":
+        return cls(index, device.private_levels[index], device.units.lanes(expr.in_dtype), expr.vector_axis)
+
+    @property
+    def capacity(self) -> int:
+        return self.level.usable_bytes
+
+    def row_bytes(self, t: TensorAccess, inner: int, moved: bool = False) -> int:
+        """Bytes one row (contiguous innermost run) of a tensor tile takes at this level.
+
+        Above level 0 a row occupies and moves whole transactions (cache lines). At level 0 a row
+        occupies its own bytes, but moving it costs whole loads: vector loads along the vector axis,
+        and one load (a broadcast) per element for a tensor whose rows run along another axis.
+        """
+        raw = inner * t.elem_bytes
+        if self.index == 0:
+            if not moved:
+                return raw
+            if self.vector_axis not in t.innermost_axes():
+                return inner * self.level.transaction_bytes
+        return round_up(raw, self.level.transaction_bytes)
+
+    def storage_pad_bytes(self, row_bytes: int) -> int:
+        """Padding per row so rows whose stride is a multiple of the conflict period spread over banks/sets."""
+        lv = self.level
+        if self.index == 0 or not lv.banks or not lv.bank_bytes:
+            return 0
+        period = lv.banks * lv.bank_bytes
+        return lv.bank_bytes if row_bytes % period == 0 else 0
+
+
+def tensor_footprint(t: TensorAccess, tile: Mapping[str, int], rules: LevelRules, moved: bool = False) -> int:
+    """Bytes a tensor's tile region occupies at a level (transaction rounding and storage padding);
+    with ``moved``, the bytes that filling it transfers (see LevelRules.row_bytes)."""
+    region = t.region(tile)
+    if not region:
+        return t.elem_bytes
+    row = rules.row_bytes(t, region[-1], moved)
+    return math.prod(region[:-1]) * (row + rules.storage_pad_bytes(row))
+
+
+def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
+    """F(T): bytes all tensors' regions occupy at the level."""
+    return sum(tensor_footprint(t, tile, rules) for t in expr.tensors)
+
+
+def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
+    """(all tiles, spatial tiles) when the operator is covered by ``tile`` (overhang rounds up)."""
+    total = spatial = 1
+    for a in expr.axes:
+        n = ceil_div(a.extent, tile[a.name])
+        total *= n
+        if a.kind != REDUCE:
+            spatial *= n
+    return total, spatial
+
+
+def traffic(expr: Expr, tile: Mapping[str, int], rules: LevelRules,
+            parent: Mapping[str, int] | None = None) -> int:
+    """Q(T): bytes moved into the level for the whole operator at this tile's granularity.
+
+    Each tile loads every input region once. The output region stays at the level across the
+    reduction inside one ``parent`` tile (the next level's; reduction loops are innermost within a
+    level): it is written once per spatial tile, and read back and written again for each further
+    reduction chunk of the parent. Without a parent the whole reduction is one chunk.
+    """
+    total, spatial = tile_counts(expr, tile)
+    q = sum(tensor_footprint(t, tile, rules, moved=True) * total for t in expr.inputs)
+    chunks = 1
+    if parent is not None:
+        chunks = math.prod(ceil_div(a.extent, parent[a.name]) for a in expr.reduce_axes)
+    return q + tensor_footprint(expr.output, tile, rules, moved=True) * spatial * (2 * chunks - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Alignment: the sizes a tile may take along an axis.
+
+def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
+    """The granule of a tile along ``axis`` at a level, before nesting and shape rules.
+
+    Level 0: the vector axis moves in whole SIMD vectors / warps. Above: an axis that indexes some
+    tensor's contiguous dimension moves in whole transactions of that tensor's dtype.
+    """
+    if rules.index == 0:
+        return rules.lanes if axis == rules.vector_axis else 1
+    step = 1
+    for t in expr.tensors:
+        if axis in t.innermost_axes():
+            step = math.lcm(step, max(1, rules.level.transaction_bytes // t.elem_bytes))
+    return step
+
+
+def size_allowed(extent: int, size: int, lower: int, epsilon: float) -> bool:
+    """Whether a tile of ``size`` may cover an axis of ``extent`` (see ``next_aligned``)."""
+    if size == extent:
+        return extent % lower == 0
+    return padding_waste(extent, size) <= epsilon
+
+
+def next_aligned(extent: int, current: int, step: int, lower: int, epsilon: float,
+                 limit: int | None = None) -> int | None:
+    """The next size after ``current`` along an axis under the alignment rules, or None at the end.
+
+    A size is a multiple of ``lower`` (the lower level's tile: tiles nest) and of ``step`` (alignment),
+    and may overhang the extent only while the padding waste stays within ``epsilon``. The full extent
+    is allowed when it nests, aligned or not: it covers the whole dimension. Sizes past the first one
+    that covers the extent, or past ``limit``, are never returned.
+    """
+    if current >= extent:
+        return None
+    unit = math.lcm(step, lower)
+    s = (current // unit + 1) * unit
+    top = extent if limit is None else min(limit, extent)
+    while s < extent:
+        if s > top:
+            return None
+        if s > current and padding_waste(extent, s) <= epsilon:
+            # the exact extent, when allowed and smaller, comes first (it is not a multiple of unit)
+            if current < extent < s and size_allowed(extent, extent, lower, epsilon):
+                return extent
+            return s
+        s += unit
+    # s is the first multiple of unit that covers the extent
+    if limit is not None and limit < extent:
+        return None
+    candidates = [x for x in (extent, s) if x > current and size_allowed(extent, x, lower, epsilon)]
+    return min(candidates) if candidates else None
+
+
+def aligned_sizes(extent: int, step: int, lower: int, epsilon: float, limit: int | None = None) -> list[int]:
+    """Every size ``next_aligned`` would step through, ascending (for tests and reports)."""
+    out, cur = [], 0
+    while (cur := next_aligned(extent, cur, step, lower, epsilon, limit)) is not None:
+        out.append(cur)
+    return out
+
+
+def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], rules: LevelRules) -> float:
+    """S_i = (Q(T) - Q(T')) / (F(T') - F(T)): traffic saved per byte of extra footprint."""
+    dq = traffic(expr, tile, rules) - traffic(expr, grown, rules)
+    df = footprint(expr, grown, rules) - footprint(expr, tile, rules)
+    if df <= 0:
+        return math.inf if dq > 0 else 0.0
+    return dq / df

@@ -1,0 +1,29 @@
+"""The few TVM runtime settings every building module shares: the target of a device, the thread pool."""
+from __future__ import annotations
+
+import os
+
+from .device import Device
+
+
+def set_threads(count: int) -> None:
+    """Makes TVM's CPU thread pool use ``count`` threads, unless the user set TVM_NUM_THREADS.
+
+    TVM otherwise starts half the logical CPUs on x86 (one thread on a 2-core machine). The variable is
+    read when the pool first starts, so call this before the first kernel runs.
+    """
+    os.environ.setdefault("TVM_NUM_THREADS", str(count))
+
+
+def target_for(device: Device):
+    """The tvm.target.Target a device compiles for; ``mcpu: host`` becomes this machine's CPU."""
+    import tvm
+
+    spec = dict(device.target)
+    if spec.get("kind") == "llvm":
+        if spec.get("mcpu") in (None, "host"):
+            spec["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+        spec.setdefault("num-cores", device.units.count)
+        return tvm.target.Target(spec)
+    host = spec.pop("host", {"kind": "llvm"})
+    return tvm.target.Target(spec, host=host)

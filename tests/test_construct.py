@@ -1,0 +1,111 @@
+"""Construction and the micro model on synthetic devices (no TVM)."""
+import math
+
+import pytest
+
+from policy_exprs import conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
+from roller.construct import EPSILON_STEPS, construct
+from roller.expr import fuse_axes
+from roller.model import estimate
+from roller.rprogram import RProgram
+from roller.rtile import LevelRules, footprint, padding_waste, tile_counts
+
+DEV = cpu()
+
+
+def check_invariants(expr, prog: RProgram, dev=DEV):
+    """Every plan obeys the contract codegen relies on."""
+    assert prog.levels == tuple(lv.name for lv in dev.private_levels)
+    for i, tile in enumerate(prog.tiles):
+        assert set(tile) == {a.name for a in expr.axes}
+        rules = LevelRules.of(dev, i, expr)
+        assert footprint(expr, tile, rules) <= rules.capacity, (i, tile)
+        if i:
+            for a, s in tile.items():
+                assert s % prog.tiles[i - 1][a] == 0 or s == expr.axis(a).extent, ("nesting", i, a)
+    for a in expr.axes:
+        top = prog.top[a.name]
+        assert top == a.extent or padding_waste(a.extent, top) <= prog.epsilon + 1e-12
+    va = expr.vector_axis
+    lanes = dev.units.lanes(expr.in_dtype)
+    reg = prog.tiles[0][va]
+    assert reg % lanes == 0 or reg == expr.axis(va).extent or prog.epsilon > 0
+    assert set(prog.grid) == {a.name for a in expr.spatial_axes}  # reductions never split over units
+    assert prog.units == min(dev.units.count, math.prod(prog.grid.values()))
+    assert prog.waves == math.ceil(math.prod(prog.grid.values()) / dev.units.count)
+    assert prog.predicted_seconds > 0
+
+
+def test_matmul_1024_plans_are_aligned_nested_and_ranked():
+    e = matmul(1024, 1024, 1024)
+    c = construct(e, DEV, topk=10)
+    assert len(c.programs) == 10 and c.epsilon == 0.0  # enough plans without padding
+    for p in c.programs:
+        check_invariants(e, p)
+        assert p.units == DEV.units.count
+    times = [p.predicted_seconds for p in c.programs]
+    assert times == sorted(times)
+    best = c.programs[0]
+    # register tile: whole vectors along j, several accumulator rows, reduction step 1
+    assert best.tiles[0]["j"] % 16 == 0 and best.tiles[0]["i"] >= 4 and best.tiles[0]["k"] == 1
+    assert "B" in best.packed  # B's rows are strided in the top tile and re-read by every row block
+    # compute bound at 100 GFLOP/s per unit over 4 units
+    assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4), rel=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1023, 1021, 1025), (17, 13, 5), (1, 1, 1), (1, 4096, 7), (3, 3, 1 << 16)])
+def test_irregular_matmul_shapes_get_plans(shape):
+    e = matmul(*shape)
+    c = construct(e, DEV, topk=4)
+    assert c.programs
+    for p in c.programs:
+        check_invariants(e, p)
+
+
+def test_epsilon_grows_only_when_too_few_plans():
+    c = construct(matmul(1021, 1021, 1021), DEV, topk=4)  # a prime: nothing divides it
+    assert c.epsilon > 0 and c.epsilon in EPSILON_STEPS
+    assert construct(matmul(512, 512, 512), DEV, topk=4).epsilon == 0.0
+
+
+def test_small_operator_shrinks_to_use_every_unit():
+    e = matmul(64, 64, 64)
+    c = construct(e, DEV, topk=5)
+    assert c.programs[0].units == DEV.units.count
+    assert tile_counts(e, c.programs[0].top)[1] >= DEV.units.count
+
+
+def test_conv_reduce_elementwise_plans():
+    for e in (conv2d_nhwc(1, 56, 56, 64, 64, 3, 3), reduce_rows(4096, 4096), fuse_axes(elementwise(17, 11, 3)),
+              reduce_rows(7, 1)):
+        c = construct(e, DEV, topk=3)
+        for p in c.programs:
+            check_invariants(e, p)
+
+
+def test_rprogram_round_trips_through_dict():
+    p = construct(matmul(256, 256, 256), DEV, topk=1).programs[0]
+    q = RProgram.from_dict(p.to_dict())
+    assert q == p and q.key == p.key
+
+
+def test_model_by_hand_memory_bound_elementwise():
+    e = elementwise(1 << 20)
+    tiles = [{"a0": 16}, {"a0": 1024}, {"a0": 65536}]
+    est = estimate(e, tiles, DEV)
+    # 16 top tiles over 4 units: 4 waves. The 12 MiB fit L3 (16 MiB): its bandwidth per unit is
+    # min(40, 80 / 4) = 20 GB/s; L2 is filled with 12 MiB, a sixteenth per tile.
+    assert (est.tiles, est.units, est.waves) == (16, 4, 4)
+    assert est.traffic_bytes["L2"] == 3 * 4 * (1 << 20)
+    assert est.seconds == pytest.approx(4 * (12 * 2 ** 20 / 20e9) / 16)
+
+
+def test_calibrated_figures_change_the_prediction():
+    e = matmul(512, 512, 512)
+    tiles = list(construct(e, DEV, topk=1).programs[0].tiles)
+    fast = DEV.with_calibration({"peak_gflops": {"float32": 200.0}})
+    before, after = estimate(e, tiles, DEV), estimate(e, tiles, fast)
+    assert after.compute_seconds == pytest.approx(before.compute_seconds / 2)
+    assert after.seconds < before.seconds
+    slow_l3 = DEV.with_calibration({"bandwidth_gbps": {"L3": {"unit": 1.0, "total": 1.0}}})
+    assert estimate(e, tiles, slow_l3).seconds > before.seconds
