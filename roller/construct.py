@@ -77,12 +77,14 @@ def scale_up(expr: Expr, device: Device, index: int, seed: Mapping[str, int], ep
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
     child_rules = LevelRules.of(device, index - 1, expr) if index > 0 and child is not None else None
+    contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
+    order = {a.name: i for i, a in enumerate(expr.axes)}
     path = [tile]
     first_bound = None
     while True:
         if first_bound is None and _compute_bound(expr, tile, rules, device, below.bandwidth_gbps):
             first_bound = tile
-        best = None
+        best = fallback = None
         for a in expr.axes:
             nxt = next_aligned(a.extent, tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
             if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
@@ -99,6 +101,14 @@ def scale_up(expr: Expr, device: Device, index: int, seed: Mapping[str, int], ep
                 score += saved / df if df > 0 else 0.0
             if score > 0 and (best is None or score > best[0]):
                 best = (score, grown)
+            elif score == 0 and a.kind != REDUCE and best is None:
+                # no reuse along any axis (elementwise): bigger tiles still amortise loop overhead;
+                # grow the spatial axis contiguous in most tensors (the last such in loop order)
+                rank = (contiguity[a.name], order[a.name])
+                if fallback is None or rank > fallback[0]:
+                    fallback = (rank, grown)
+        if best is None and fallback is not None:
+            best = (0.0, fallback[1])
         if best is None:
             break
         tile = best[1]
@@ -217,3 +227,46 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     best.sort(key=lambda p: (p.predicted_seconds, sum(p.memory_seconds.values())))
     return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
                         seconds=time.perf_counter() - t0, considered=len(best))
+
+
+def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsilon: float = 0.0,
+                    attempts: int = 2000) -> list[RProgram]:
+    """Up to ``count`` distinct random valid plans (aligned, nested, fitting every level), with the
+    model's predictions: the varied population a model-fidelity study needs (the top-K are alike)."""
+    import random
+
+    rng = random.Random(seed)
+    levels = device.private_levels
+    seen, out = set(), []
+    for _ in range(attempts):
+        if len(out) >= count:
+            break
+        tiles: list[dict[str, int]] = []
+        ok = True
+        for i in range(len(levels)):
+            rules = LevelRules.of(device, i, expr)
+            lower = tiles[-1] if tiles else {}
+            limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
+            tile = {}
+            for a in expr.axes:
+                sizes, cur = [], 0
+                while (cur := next_aligned(a.extent, cur, axis_step(expr, a.name, rules),
+                                           lower.get(a.name, 1), epsilon, limit)) is not None:
+                    sizes.append(cur)
+                if not sizes:
+                    ok = False
+                    break
+                # favour small sizes: the first pick of a log-uniform index
+                tile[a.name] = sizes[min(len(sizes) - 1, int(len(sizes) ** rng.random()) - 1)]
+            if not ok or footprint(expr, tile, rules) > rules.capacity:
+                ok = False
+                break
+            tiles.append(tile)
+        if not ok:
+            continue
+        est = estimate(expr, tiles, device)
+        prog = _program(expr, tiles, device, epsilon, est)
+        if prog.key not in seen:
+            seen.add(prog.key)
+            out.append(prog)
+    return out

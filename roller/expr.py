@@ -131,11 +131,16 @@ class Expr:
 
     @property
     def vector_axis(self) -> str | None:
-        """The spatial axis that indexes the output's contiguous dimension: the one to vectorize."""
-        for a in self.output.innermost_axes():
-            if self.axis(a).kind == SPATIAL:
-                return a
-        return None
+        """The axis to vectorize: the one that indexes the contiguous dimension of the most tensor bytes
+        (the output's contiguous spatial axis for matmul and conv, the reduced axis for a row sum).
+        Ties go to a spatial axis, then to the output's."""
+        weight: dict[str, tuple[int, int, int]] = {}
+        for t in self.tensors:
+            for a in t.innermost_axes():
+                w, _, _ = weight.get(a, (0, 0, 0))
+                weight[a] = (w + math.prod(t.shape), int(self.axis(a).kind == SPATIAL),
+                             int(a in self.output.innermost_axes()))
+        return max(weight, key=lambda a: weight[a]) if weight else None
 
     def to_dict(self) -> dict:
         return {
