@@ -25,10 +25,11 @@ def save_build(result, directory) -> dict[str, str]:
     out = Path(directory)
     stem = str(result.report.get("op") or result.expr.name)
     lib = out / f"{stem}.so"
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_lib = Path(tmp) / lib.name
-        result.profile.save_library(tmp_lib)
-        atomic_write_bytes(lib, tmp_lib.read_bytes())
+    src = result.profile.lib_path
+    if src is None or not Path(src).exists():
+        from .errors import BuildError
+        raise BuildError("no kernel library to save: the build was cleaned up; build again with --out")
+    atomic_write_bytes(lib, Path(src).read_bytes())
     report = dict(result.report, program=result.program.to_dict(), library=str(lib))
     rep = out / f"{stem}.json"
     atomic_write_bytes(rep, (json.dumps(report, indent=2) + "\n").encode())

@@ -1,0 +1,312 @@
+"""CPU code generation: an RProgram becomes TVM schedule primitives (``tvm.s_tir.Schedule``).
+
+Loop structure for levels (reg, L1, L2) and axes i, j (spatial), k (reduce), from outer to inner::
+
+    [i_g j_g fused, parallel]  k_g  | i_2 j_2  k_2 | i_1 j_1  k_1 | k_0  i_0 j_0(vectorized)
+     grid of top tiles over cores     L1 tiles in     reg tiles in    one reg tile
+     reduce top tiles (serial)        the top tile    the L1 tile     (unrolled)
+
+Each level iterates the tiles of the level below it, spatial loops first then reduce loops, so the
+accumulator of one reg tile stays in vector registers across the innermost reduce loop. The output
+is accumulated in a tile buffer (``cache_write``) attached above the first reduce loop that iterates
+more than once: the reg tile itself when one L1 pass covers the reduction, the top tile otherwise.
+Packed inputs are copied per top tile (per grid tile and reduce top tile) into a compact buffer whose
+rows are padded by ``storage_pad``. Tiles that overhang an axis extent give predicated iterations;
+tile sizes larger than an extent are clamped to it first, so small shapes waste nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..device import Device
+from ..errors import BuildError, UnsupportedExpressionError
+from ..expr import REDUCE, Expr
+from ..rprogram import RProgram
+
+
+@dataclass
+class _AxisLoops:
+    """The loops one Expr axis was split into: ``grid`` then ``levels[l]`` for l = top-1 .. 0."""
+
+    name: str
+    kind: str
+    sizes: tuple[int, ...]   # clamped tile size per level, reg first
+    grid: object             # LoopRV over top tiles
+    levels: list             # LoopRV per level, reg first: levels[l] iterates level l-1 tiles in a level-l tile
+
+
+def clamp_tiles(extent: int, sizes: list[int]) -> tuple[int, ...]:
+    """Tile sizes (reg first) clamped so that no level is larger than needed to cover ``extent``.
+
+    Keeps each level a multiple of the one below it: a level that already covers the extent becomes
+    the smallest multiple of the level below that does.
+    """
+    out: list[int] = []
+    for s in sizes:
+        if s <= 0:
+            raise BuildError(f"tile size {s} is not positive")
+        if not out:
+            out.append(min(s, extent))
+            continue
+        prev = out[-1]
+        if s % prev and prev == sizes[len(out) - 1]:
+            raise BuildError(f"tile sizes {sizes}: {s} is not a multiple of the level below ({prev})")
+        out.append(min(s, math.ceil(extent / prev) * prev) if prev < extent else prev)
+    return tuple(out)
+
+
+def _check_program(expr: Expr, program: RProgram) -> None:
+    names = [a.name for a in expr.axes]
+    for lv, tile in zip(program.levels, program.tiles):
+        missing = [a for a in names if a not in tile]
+        if missing:
+            raise BuildError(f"RProgram level {lv}: no tile size for axis(es) {missing} of {expr.name}; "
+                             f"every level must size every axis ({names})")
+    for a in names:
+        sizes = [t[a] for t in program.tiles]
+        for lo, hi in zip(sizes, sizes[1:]):
+            if lo <= 0 or hi % lo:
+                raise BuildError(f"RProgram axis {a}: tile sizes {sizes} (levels {list(program.levels)}) must be "
+                                 f"positive and each a multiple of the previous level's")
+
+
+def _main_block(sch, expr: Expr):
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    names = [sch.get(b).name_hint for b in blocks]
+    if expr.block:
+        if expr.block not in names:
+            raise UnsupportedExpressionError(f"{expr.name}: block {expr.block!r} is not in the function "
+                                             f"(blocks: {names})")
+        return sch.get_sblock(expr.block)
+    reducing = [b for b in blocks if any(iv.iter_type != 0 for iv in sch.get(b).iter_vars)]
+    if len(reducing) > 1:
+        raise UnsupportedExpressionError(f"{expr.name}: several reduction blocks {names}; set Expr.block")
+    return reducing[0] if reducing else blocks[-1]
+
+
+def _axis_loop_map(sch, block, expr: Expr) -> dict[str, object]:
+    """Name -> loop for each iter var of the block (by iter var name and by loop var name)."""
+    loops = sch.get_loops(block)
+    ivs = sch.get(block).iter_vars
+    bname = sch.get(block).name_hint
+    if len(loops) != len(ivs):
+        raise UnsupportedExpressionError(f"{expr.name}: block {bname} has {len(ivs)} iter vars but {len(loops)} "
+                                         f"loops; roller schedules blocks with one loop per iter var")
+    out: dict[str, object] = {}
+    for lp, iv in zip(loops, ivs):
+        ext, dom = sch.get(lp).extent, iv.dom.extent
+        if int(ext) != int(dom):
+            raise UnsupportedExpressionError(f"{expr.name}: loop {sch.get(lp).loop_var.name} (extent {ext}) does not "
+                                             f"bind iter var {iv.var.name} (extent {dom}) one to one")
+        out[iv.var.name] = lp
+        out.setdefault(sch.get(lp).loop_var.name, lp)
+    return out
+
+
+def _fuse_axes(sch, block, expr: Expr) -> dict[str, object]:
+    """One loop per Expr axis: the original loops of fused axes are reordered and fused (outer first)."""
+    by_name = _axis_loop_map(sch, block, expr)
+    groups = []
+    for ax in expr.axes:
+        parts = []
+        for pname, _ in ax.parts:
+            if pname not in by_name:
+                raise UnsupportedExpressionError(f"{expr.name}: axis {ax.name} names loop {pname!r}, which block "
+                                                 f"{sch.get(block).name_hint} does not have")
+            parts.append(by_name[pname])
+        groups.append(parts)
+    flat = [lp for g in groups for lp in g]
+    if len(flat) != len(sch.get_loops(block)):
+        raise UnsupportedExpressionError(f"{expr.name}: the Expr's axes cover {len(flat)} loops but block "
+                                         f"{sch.get(block).name_hint} has {len(sch.get_loops(block))}")
+    if len(flat) > 1:
+        sch.reorder(*flat)
+    return {ax.name: (sch.fuse(*g) if len(g) > 1 else g[0]) for ax, g in zip(expr.axes, groups)}
+
+
+def _read_index(sch, block, name: str) -> int | None:
+    for i, region in enumerate(sch.get(block).reads):
+        if region.source.name == name:
+            return i
+    return None
+
+
+def _producer_of(sch, block, name: str):
+    for p in sch.get_producers(block):
+        if any(r.source.name == name for r in sch.get(p).writes):
+            return p
+    return None
+
+
+def _try(fn, *args):
+    """Runs one optional schedule step; False if TVM says it does not apply (the schedule is unchanged)."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    try:
+        fn(*args)
+        return True
+    except ScheduleError:
+        return False
+
+
+def _loop_extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
+    """Schedules ``func`` (a PrimFunc) following ``program``; returns the ``tvm.s_tir.Schedule``.
+
+    Raises BuildError when the program does not fit the expression, UnsupportedExpressionError
+    when the function's structure is not what ``expr`` describes, and lets TVM's ScheduleError
+    through for a primitive that cannot apply (the profiler reports it as a failed candidate).
+    """
+    import tvm
+
+    _check_program(expr, program)
+    sch = tvm.s_tir.Schedule(func)
+    block = _main_block(sch, expr)
+    extents = expr.extents
+    nlev = len(program.tiles)
+    lanes = device.units.lanes(expr.dtype)
+
+    axis_loop = _fuse_axes(sch, block, expr)
+    # --- split every axis per level (clamped sizes). Loops of one iteration are not created: TVM would
+    # still count them as reduce loops, and the accumulator's init must sit above every reduce loop.
+    axes: list[_AxisLoops] = []
+    for ax in expr.axes:
+        sizes = clamp_tiles(extents[ax.name], [t[ax.name] for t in program.tiles])
+        factors = ([math.ceil(extents[ax.name] / sizes[-1])]
+                   + [sizes[l] // sizes[l - 1] for l in range(nlev - 1, 0, -1)] + [sizes[0]])
+        keep = [i for i, f in enumerate(factors) if f > 1] or [len(factors) - 1]
+        if len(keep) == 1:
+            made = [axis_loop[ax.name]]
+        else:
+            made = sch.split(axis_loop[ax.name], factors=[None] + [factors[i] for i in keep[1:]])
+        slots: list = [None] * len(factors)  # grid, level top-1 .. level 0
+        for i, lp in zip(keep, made):
+            slots[i] = lp
+        axes.append(_AxisLoops(ax.name, ax.kind, sizes, slots[0], list(reversed(slots[1:]))))
+    spatial = [a for a in axes if a.kind != REDUCE]
+    reduce = [a for a in axes if a.kind == REDUCE]
+    vec = next((a for a in spatial if a.name == (program.vector_axis or expr.vector_axis)), None)
+
+    def present(loops):
+        return [lp for lp in loops if lp is not None]
+
+    sgrid, rgrid = present([a.grid for a in spatial]), present([a.grid for a in reduce])
+    order = sgrid + rgrid
+    for l in range(nlev - 1, 0, -1):
+        order += present([a.levels[l] for a in spatial]) + present([a.levels[l] for a in reduce])
+    order += present([a.levels[0] for a in reduce] + [a.levels[0] for a in spatial if a is not vec])
+    if vec is not None and vec.levels[0] is not None:
+        order.append(vec.levels[0])
+    if len(order) > 1:
+        sch.reorder(*order)
+    grid = (sch.fuse(*sgrid) if len(sgrid) > 1 else sgrid[0]) if sgrid else None
+    order = ([grid] if grid is not None else []) + order[len(sgrid):]
+
+    # --- where tiles live. Packs: below the grid and the reduce grid loops (one top tile).
+    # Accumulator: above the first reduce loop, so its init and write-back wrap the whole reduction.
+    prefix = ([grid] if grid is not None else []) + rgrid
+    pack_at = prefix[-1] if prefix and grid is not None else None
+    reduce_ids = {id(lp) for a in reduce for lp in [a.grid] + a.levels if lp is not None}
+    first_reduce = next((i for i, lp in enumerate(order) if id(lp) in reduce_ids), None)
+    acc_at = order[first_reduce - 1] if first_reduce else None
+    out_name = expr.output.name
+    consumers = list(sch.get_consumers(block))
+
+    writer = block
+    if reduce:
+        if acc_at is not None:
+            writer = sch.cache_write(block, 0, "local")
+            for c in consumers:  # fold elementwise epilogues into the write-back
+                _try(sch.reverse_compute_inline, c)
+            sch.reverse_compute_at(writer, acc_at)
+            _vectorize_inner(sch, writer, lanes)
+    else:
+        for c in consumers:
+            _try(sch.reverse_compute_inline, c)
+    # epilogues that could not be inlined run per top tile, or at root
+    for c in sch.get_consumers(writer):
+        if grid is None or not _try(sch.reverse_compute_at, c, grid):
+            _parallel_root(sch, c, lanes)
+
+    # --- inputs: packed copies per top tile; producer stages (padding) per top tile or at root
+    pad_of = dict(program.storage_pad)
+    for t in expr.inputs:
+        producer = _producer_of(sch, block, t.name)
+        if t.name in program.packed and _read_index(sch, block, t.name) is not None:
+            if producer is None and pack_at is not None:
+                cache = sch.cache_read(block, _read_index(sch, block, t.name), "global")
+                sch.compute_at(cache, pack_at)
+                _storage_pad(sch, cache, pad_of.get(t.name, 0))
+                _vectorize_inner(sch, cache, lanes)
+                continue
+        if producer is not None:
+            if pack_at is None or not _try(sch.compute_at, producer, pack_at):
+                _parallel_root(sch, producer, lanes)
+            else:
+                if t.name in program.packed:
+                    _storage_pad(sch, producer, pad_of.get(t.name, 0))
+                _vectorize_inner(sch, producer, lanes)
+
+    # --- reg tile: vector lanes on the vector axis, everything else in the reg tile unrolled
+    if vec is not None and vec.levels[0] is not None:
+        vloop = vec.levels[0]
+        vext = _loop_extent(sch, vloop)
+        if vext > lanes and vext % lanes == 0:
+            outer, vloop = sch.split(vloop, [None, lanes])
+            sch.unroll(outer)
+        if vext > 1:
+            sch.vectorize(vloop)
+    for a in axes:
+        if a is not vec and a.levels[0] is not None and _loop_extent(sch, a.levels[0]) > 1:
+            sch.unroll(a.levels[0])
+    if grid is not None and _loop_extent(sch, grid) > 1:
+        sch.parallel(grid)
+    if reduce:
+        # the init goes right below the accumulator: annotate loops first, decompose last
+        sch.decompose_reduction(block, order[first_reduce])
+    return sch
+
+
+def _vectorize_inner(sch, block, lanes: int) -> None:
+    """Vectorizes the innermost loop of a copy/write-back block when it is at least one vector long."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    ext = sch.get(inner).extent
+    if not isinstance(ext, int) and not hasattr(ext, "value"):
+        return
+    n = int(ext)
+    if n >= lanes and n % lanes == 0:
+        if n > lanes:
+            _, inner = sch.split(inner, [None, lanes])
+        _try(sch.vectorize, inner)
+
+
+def _parallel_root(sch, block, lanes: int) -> None:
+    """A stage left at root: its outermost loop runs over the cores, its innermost is vectorized."""
+    loops = sch.get_loops(block)
+    if loops and int(sch.get(loops[0]).extent) > 1:
+        _try(sch.parallel, loops[0])
+    if len(loops) > 1:
+        _vectorize_inner(sch, block, lanes)
+
+
+def _storage_pad(sch, block, pad: int) -> None:
+    """Pads each row of the buffer ``block`` writes by ``pad`` elements (against cache-set conflicts)."""
+    if pad <= 0:
+        return
+    ndim = len(sch.get(block).writes[0].source.shape)
+    loops = sch.get_loops(block)
+    if ndim < 2 or not loops:
+        return
+    # The buffer is compacted to the tile at lowering; the copy's innermost loop spans one tile row.
+    # storage_align makes stride = k * factor + offset for the smallest k that fits: row + pad.
+    row = int(sch.get(loops[-1]).extent)
+    sch.storage_align(block, 0, ndim - 2, row + pad, 0)

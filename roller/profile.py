@@ -1,0 +1,320 @@
+"""Top-K profiling: build candidate kernels in worker processes, check each against a reference, time the
+verified ones on the same buffers in this process, keep the fastest.
+
+A TVM crash (TVM's SIGSEGV handler ends the process) or an abort kills only a worker; the pool is then
+recreated and the remaining candidates go on. Work crosses the process boundary as plain data: the
+PrimFunc as TVMScript text, the Expr and Device as frozen dataclasses, the RProgram as a dict.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .device import Device
+from .errors import BuildError
+from .expr import Expr
+from .rprogram import RProgram
+
+# (rtol, atol) of the numerics check, by output dtype; np.testing.assert_allclose semantics.
+TOLERANCE = {
+    "float64": (1e-7, 1e-7), "float32": (1e-3, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2),
+}
+TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in total
+REPEATS = 3
+
+
+@dataclass
+class CandidateResult:
+    """What happened to one candidate. ``measured_seconds`` is None unless it built, verified and ran."""
+
+    index: int
+    program: RProgram | None
+    compile_seconds: float | None = None
+    verified: bool = False
+    measured_seconds: float | None = None
+    error: str | None = None
+    lib_path: str | None = None
+
+    def summary(self) -> str:
+        """One line: the failure, or the measured time."""
+        if self.error:
+            return f"candidate {self.index}: {self.error.strip().splitlines()[-1][:300] if self.error.strip() else '?'}"
+        if self.measured_seconds is None:
+            return f"candidate {self.index}: verified, not timed"
+        return f"candidate {self.index}: {self.measured_seconds * 1e3:.3f} ms"
+
+
+@dataclass
+class ProfileResult:
+    """Outcome of :func:`profile`. ``module`` is the best kernel's loaded runtime module (call it, or
+    ``module["main"]``, on tvm tensors); its library stays in a temp dir until :meth:`save` or
+    :meth:`cleanup` (also run when the result is garbage-collected)."""
+
+    candidates: list[CandidateResult]
+    best: int | None
+    module: object | None
+    lib_path: str | None
+    _tmpdir: str | None = field(default=None, repr=False)
+
+    @property
+    def measured_seconds(self) -> list[float | None]:
+        return [c.measured_seconds for c in self.candidates]
+
+    @property
+    def verified(self) -> list[bool]:
+        return [c.verified for c in self.candidates]
+
+    @property
+    def error(self) -> list[str | None]:
+        return [c.error for c in self.candidates]
+
+    @property
+    def compile_seconds(self) -> list[float | None]:
+        return [c.compile_seconds for c in self.candidates]
+
+    @property
+    def best_program(self) -> RProgram | None:
+        return None if self.best is None else self.candidates[self.best].program
+
+    def save(self, directory: str | os.PathLike, name: str = "kernel.so") -> Path:
+        """Copies the best kernel's shared library into ``directory``; returns its path."""
+        if self.lib_path is None or not Path(self.lib_path).exists():
+            raise BuildError("no kernel library to save: the profile has no best candidate or was cleaned up")
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        dst = out / name
+        shutil.copyfile(self.lib_path, dst)
+        return dst
+
+    def cleanup(self) -> None:
+        """Removes the temp dir of the best library (the loaded module stays usable)."""
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def __del__(self):
+        self.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: everything here runs in a child process.
+
+def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Device, out_dir: str,
+                     index: int, hook: Callable | None) -> tuple[str | None, float, str | None]:
+    """Schedules (unless ``program`` is None), compiles and exports one kernel.
+
+    Returns (library path, compile seconds, error text); errors are returned as text because TVM's
+    exception objects do not always survive pickling.
+    """
+    try:
+        import tvm
+
+        from .tvmutil import target_for
+
+        t0 = time.perf_counter()  # compile time, without the worker's one-time imports
+        if hook is not None:
+            hook(index, program)
+        func = tvm.script.from_source(script)
+        if program is None:
+            mod = tvm.IRModule({"main": func})
+        else:
+            from .codegen import schedule
+            mod = schedule(func, expr, RProgram.from_dict(program), device).mod
+        ex = tvm.compile(mod, target_for(device))
+        path = os.path.join(out_dir, f"cand{index}.so")
+        ex.export_library(path)
+        return path, time.perf_counter() - t0, None
+    except Exception as e:  # reported per candidate; the caller turns all-failed into BuildError
+        text = str(e).strip()
+        # TVM errors print the whole IR first; the reason is on the last lines.
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        short = " | ".join(lines[-2:]) if len(lines) > 2 else " ".join(lines)
+        return None, None, f"{type(e).__name__}: {short}"
+
+
+def _new_pool(workers: int) -> ProcessPoolExecutor:
+    # spawn: a fresh interpreter per worker, nothing inherited from a caller that already runs TVM threads
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
+               hook: Callable | None, progress) -> dict[int, tuple[str | None, float | None, str | None]]:
+    """Builds every job; a worker that dies fails only the jobs that were running in it."""
+    results: dict[int, tuple] = {}
+    pending = list(jobs)
+    workers = max(1, min(device.units.count, len(jobs)))
+    while pending:
+        pool = _new_pool(workers)
+        futures = {idx: pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
+                   for idx, prog in pending}
+        broken = False
+        for idx, fut in futures.items():
+            try:
+                results[idx] = fut.result()
+            except BrokenProcessPool:
+                broken = True
+                continue
+            if progress is not None:
+                progress.update(1)
+        pool.shutdown(wait=True, cancel_futures=True)
+        if not broken:
+            break
+        # The pool died with several jobs in flight; retry the unfinished ones one at a time so that
+        # only the crashing candidate is blamed.
+        pending = [(i, p) for i, p in pending if i not in results]
+        for idx, prog in pending:
+            pool = _new_pool(1)
+            try:
+                results[idx] = pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook).result()
+            except BrokenProcessPool:
+                results[idx] = (None, None, "worker process died while building (TVM crash or abort)")
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if progress is not None:
+                progress.update(1)
+        pending = []
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Caller side.
+
+def _output_params(func, n_inputs: int):
+    params = list(func.params)
+    if len(params) <= n_inputs:
+        raise BuildError(f"the function has {len(params)} parameters but {n_inputs} inputs were given: "
+                         f"pass one array per input parameter, in order")
+    return [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in params[n_inputs:]]
+
+
+def _fill_sentinel(arr: np.ndarray) -> np.ndarray:
+    """An output buffer that no correct kernel leaves unchanged (so stale results cannot pass)."""
+    if np.issubdtype(arr.dtype, np.floating):
+        arr.fill(np.nan)
+    else:
+        arr.fill(np.iinfo(arr.dtype).min if np.issubdtype(arr.dtype, np.integer) else 0)
+    return arr
+
+
+def _time(mod, dev, args) -> float:
+    """Median seconds of one call over REPEATS repeats of ~TARGET_MEASURE_SECONDS each."""
+    t0 = time.perf_counter()
+    mod["main"](*args)
+    dev.sync()
+    once = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, min(1000, math.ceil(TARGET_MEASURE_SECONDS / once)))
+    ev = mod.time_evaluator("main", dev, number=number, repeat=REPEATS)
+    return float(np.median(ev(*args).results))
+
+
+def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inputs: Sequence[np.ndarray],
+            reference: np.ndarray | None = None, rtol: float | None = None, atol: float | None = None,
+            progress: bool = True, time_kernels: bool = True,
+            _worker_hook: Callable | None = None) -> ProfileResult:
+    """Builds ``programs`` in worker processes, verifies each against ``reference`` (or, if None, the
+    output of the unscheduled ``func``), times the verified ones and keeps the fastest.
+
+    ``inputs`` are the arrays of the function's input parameters in order; the remaining parameter is
+    the output. Tolerances default to :data:`TOLERANCE` of the output dtype. Raises BuildError listing
+    every candidate's failure when none builds and verifies. With ``time_kernels=False`` nothing is
+    timed and the first verified candidate wins. ``_worker_hook(index, program_dict)`` runs
+    in the worker before each build (tests use it to crash a worker).
+    """
+    import tvm
+
+    from .tvmutil import set_threads, target_for
+
+    if not programs:
+        raise BuildError("profile: no candidate programs to build; the constructor returned none")
+    set_threads(device.units.count)
+    target_for(device)  # fail early, in the caller, on a bad target
+    outs = _output_params(func, len(inputs))
+    if len(outs) != 1:
+        raise BuildError(f"profile: expected one output parameter after the {len(inputs)} inputs, got {len(outs)}")
+    out_shape, out_dtype = outs[0]
+    rt, at = TOLERANCE.get(out_dtype, (0.0, 0.0))
+    rtol = rt if rtol is None else rtol
+    atol = at if atol is None else atol
+
+    tmp = tempfile.mkdtemp(prefix="roller-profile-")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(programs) + (reference is None), desc=f"profile {expr.name}", file=sys.stderr,
+                   unit="kernel", leave=False)
+    try:
+        jobs: list[tuple[int, dict | None]] = [(i, p.to_dict()) for i, p in enumerate(programs)]
+        if reference is None:
+            jobs.append((-1, None))  # the unscheduled function gives the reference
+        built = _build_all(func.script(), expr, jobs, device, tmp, _worker_hook, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    dev = tvm.cpu(0)
+    args_in = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    out_np = np.empty(out_shape, dtype=out_dtype)
+    out_tvm = tvm.runtime.tensor(_fill_sentinel(out_np), dev)
+    try:
+        if reference is None:
+            path, _, err = built[-1]
+            if path is None:
+                raise BuildError(f"profile: the unscheduled {expr.name} (used as the reference) did not build: {err}")
+            tvm.runtime.load_module(path)["main"](*args_in, out_tvm)
+            reference = out_tvm.numpy()
+        reference = np.asarray(reference)
+        if reference.shape != out_shape:
+            raise BuildError(f"profile: reference has shape {reference.shape}, the output is {out_shape}")
+
+        cands = []
+        modules = {}
+        for i, prog in enumerate(programs):
+            path, secs, err = built[i]
+            c = CandidateResult(index=i, program=prog, compile_seconds=secs, error=err, lib_path=path)
+            cands.append(c)
+            if path is None:
+                continue
+            mod = tvm.runtime.load_module(path)
+            out_tvm.copyfrom(_fill_sentinel(out_np))
+            mod["main"](*args_in, out_tvm)
+            got = out_tvm.numpy()
+            if not np.allclose(got, reference, rtol=rtol, atol=atol, equal_nan=False):
+                bad = ~np.isclose(got, reference, rtol=rtol, atol=atol)
+                c.error = (f"wrong result: {int(bad.sum())} of {bad.size} elements differ beyond rtol={rtol} "
+                           f"atol={atol} (max abs error {np.nanmax(np.abs(got - reference)):.3g})")
+                continue
+            c.verified = True
+            modules[i] = mod
+        if time_kernels:
+            for i, mod in modules.items():
+                cands[i].measured_seconds = _time(mod, dev, args_in + [out_tvm])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    timed = [c for c in cands if c.verified and (c.measured_seconds is not None or not time_kernels)]
+    if not timed:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BuildError(f"profile {expr.name}: none of the {len(cands)} candidates built and verified:\n"
+                         + "\n".join(c.summary() for c in cands))
+    best = min(timed, key=lambda c: c.measured_seconds) if time_kernels else timed[0]
+    # keep only the best library; the rest of the temp dir goes now
+    keep = tempfile.mkdtemp(prefix="roller-kernel-")
+    lib = os.path.join(keep, "kernel.so")
+    shutil.move(best.lib_path, lib)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for c in cands:
+        c.lib_path = lib if c is best else None
+    return ProfileResult(candidates=cands, best=best.index, module=modules[best.index], lib_path=lib, _tmpdir=keep)

@@ -1,0 +1,161 @@
+"""CPU code generation: every kernel built here is checked against the numpy reference of roller.ops.
+
+RPrograms are hand-written (not constructed) so these tests pin the codegen contract, independent of the
+policy: fused axes, tiles that overhang or exceed the extents, packed and unpacked inputs, padding stages.
+"""
+import numpy as np
+import pytest
+
+from roller import ops
+from roller.analysis import analyze
+from roller.codegen import build, schedule
+from roller.codegen.cpu import clamp_tiles
+from roller.device import load_device
+from roller.errors import BuildError
+from roller.expr import fuse_axes
+from roller.rprogram import RProgram
+
+LEVELS = ("reg", "L1", "L2")
+
+
+@pytest.fixture(scope="module")
+def device():
+    return load_device("x86-avx512", calibrated=False)
+
+
+def program(expr, reg, l1, l2, packed=(), pad=None, units=2):
+    """An RProgram whose tiles are given as tuples in the Expr's axis order."""
+    names = [a.name for a in expr.axes]
+    tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
+    return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=units, waves=1, vector_axis=expr.vector_axis,
+                    packed=tuple(packed), storage_pad=dict(pad or {}))
+
+
+def analysed(op, shape, fuse=False):
+    spec = ops.OPS[op]
+    an = analyze(spec.make(shape))
+    expr = fuse_axes(an.expr) if fuse else an.expr
+    return spec, an.func, expr
+
+
+def check(op, shape, device, prog_fn, fuse=False):
+    """Builds ``prog_fn(expr)`` and compares the kernel's output with numpy."""
+    import tvm
+
+    spec, func, expr = analysed(op, shape, fuse)
+    prog = prog_fn(expr)
+    ex = build(func, expr, prog, device)
+    ins = spec.inputs(shape)
+    ref = spec.reference(ins, shape)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.full(ref.shape, np.nan, ref.dtype), dev)
+    ex["main"](*[tvm.runtime.tensor(a, dev) for a in ins], out)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+    return expr, prog
+
+
+def test_clamp_tiles_keeps_multiples():
+    assert clamp_tiles(1024, [8, 64, 256]) == (8, 64, 256)
+    assert clamp_tiles(100, [8, 64, 128]) == (8, 64, 128)
+    assert clamp_tiles(5, [16, 32, 64]) == (5, 5, 5)
+    assert clamp_tiles(20, [8, 16, 64]) == (8, 16, 32)
+    assert clamp_tiles(1, [4, 8, 8]) == (1, 1, 1)
+
+
+def test_rejects_program_without_every_axis(device):
+    _, func, expr = analysed("matmul", dict(M=16, N=16, K=16))
+    bad = RProgram(levels=LEVELS, tiles=({"m": 1}, {"m": 1}, {"m": 1}), grid={}, units=2, waves=1)
+    with pytest.raises(BuildError, match="no tile size for axis"):
+        schedule(func, expr, bad, device)
+
+
+def test_rejects_non_nested_tiles(device):
+    _, func, expr = analysed("matmul", dict(M=16, N=16, K=16))
+    with pytest.raises(BuildError, match="multiple"):
+        schedule(func, expr, program(expr, (4, 16, 1), (6, 16, 4), (12, 16, 8)), device)
+
+
+def test_non_cpu_device_is_a_clear_error(device):
+    import dataclasses
+    _, func, expr = analysed("matmul", dict(M=16, N=16, K=16))
+    gpu = dataclasses.replace(device, kind="gpu", name="fake-gpu")
+    with pytest.raises(BuildError, match="'gpu'"):
+        schedule(func, expr, program(expr, (1, 16, 1), (4, 16, 4), (8, 16, 16)), gpu)
+
+
+def test_schedule_structure_matmul(device):
+    """Grid fused and parallel, reg tile vectorized on the output's contiguous axis, B packed and padded."""
+    _, func, expr = analysed("matmul", dict(M=256, N=256, K=256))
+    sch = schedule(func, expr, program(expr, (8, 32, 1), (32, 64, 64), (64, 128, 128), packed=("B",),
+                                       pad={"B": 16}), device)
+    text = sch.mod.script()
+    assert "T.parallel(8)" in text          # (256/64) * (256/128) top tiles
+    assert "T.vectorized(16)" in text       # 16 float32 lanes of AVX-512
+    assert "B_global" in text and "C_local" in text
+    assert "T.unroll(8)" in text            # the 8 rows of the reg tile
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape,tiles,packed,pad", [
+    (dict(M=128, N=128, K=128), ((8, 32, 1), (32, 64, 64), (64, 128, 128)), ("B",), {"B": 16}),
+    (dict(M=128, N=128, K=128), ((4, 16, 2), (16, 32, 16), (32, 64, 64)), ("A", "B"), {}),
+    (dict(M=50, N=70, K=33), ((8, 32, 1), (16, 64, 16), (32, 64, 32)), ("B",), {"B": 16}),  # overhang
+    (dict(M=1, N=1025, K=7), ((8, 32, 1), (16, 64, 8), (32, 128, 16)), (), {}),            # extents < tile
+    (dict(M=97, N=13, K=1025), ((7, 13, 1), (49, 13, 80), (49, 13, 1040)), ("A",), {}),
+])
+def test_matmul_numerics(device, shape, tiles, packed, pad):
+    check("matmul", shape, device, lambda e: program(e, *tiles, packed=packed, pad=pad))
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape,tiles", [
+    (dict(B=3, M=17, N=33, K=19), ((1, 4, 16, 1), (1, 8, 32, 8), (1, 16, 64, 16))),
+    (dict(B=2, M=64, N=64, K=64), ((1, 8, 32, 1), (1, 32, 64, 32), (2, 64, 64, 64))),
+])
+def test_batch_matmul_numerics(device, shape, tiles):
+    check("batch_matmul", shape, device, lambda e: program(e, *tiles, packed=("W",)))
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape,tiles,packed", [
+    # axes n, h, w, k | r, s, c
+    (dict(N=1, H=14, W=14, C=16, K=32, R=3, S=3, pad=1),
+     ((1, 1, 4, 32, 1, 1, 1), (1, 1, 8, 32, 3, 1, 16), (1, 7, 8, 32, 3, 3, 16)), ("pad_temp", "weight")),
+    (dict(N=2, H=7, W=9, C=5, K=3, R=3, S=2, pad=1, stride=2),
+     ((1, 1, 2, 3, 1, 1, 1), (1, 2, 4, 3, 3, 2, 5), (2, 4, 4, 3, 3, 2, 5)), ()),
+    (dict(N=1, H=9, W=9, C=8, K=16, R=1, S=1, pad=0),
+     ((1, 1, 1, 16, 1, 1, 4), (1, 3, 3, 16, 1, 1, 8), (1, 9, 3, 16, 1, 1, 8)), ("data",)),
+])
+def test_conv2d_numerics(device, shape, tiles, packed):
+    check("conv2d", shape, device, lambda e: program(e, *tiles, packed=packed))
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape,tiles", [
+    (dict(M=1025, N=129), ((16, 1), (16, 32), (64, 128))),
+    (dict(M=1, N=7), ((16, 1), (16, 4), (16, 8))),
+    (dict(M=64, N=256), ((16, 4), (32, 64), (32, 256))),
+])
+def test_reduce_sum_numerics(device, shape, tiles):
+    check("reduce_sum", shape, device, lambda e: program(e, *tiles))
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape,tiles,fuse", [
+    (dict(M=17, N=11), ((16,), (64,), (128,)), True),        # one fused axis m_n = 187, overhanging
+    (dict(M=64, N=1000), ((32,), (1024,), (4096,)), True),
+    (dict(M=33, N=65), ((1, 16), (2, 32), (8, 64)), False),
+])
+def test_add_relu_numerics(device, shape, tiles, fuse):
+    expr, _ = check("add_relu", shape, device, lambda e: program(e, *tiles), fuse=fuse)
+    assert len(expr.axes) == len(tiles[0])
+
+
+def test_elementwise_and_reduction_are_parallel_and_vectorized(device):
+    for op, shape, tiles, fuse in [("add_relu", dict(M=64, N=1024), ((32,), (1024,), (4096,)), True),
+                                   ("reduce_sum", dict(M=1024, N=256), ((16, 4), (32, 64), (64, 256)), False),
+                                   ("batch_matmul", dict(B=4, M=64, N=64, K=64),
+                                    ((1, 8, 32, 1), (1, 32, 64, 32), (1, 64, 64, 64)), False)]:
+        _, func, expr = analysed(op, shape, fuse)
+        text = schedule(func, expr, program(expr, *tiles), device).mod.script()
+        assert "T.parallel(" in text and "T.vectorized(16)" in text, op

@@ -1,0 +1,93 @@
+"""Top-K profiling: builds in worker processes, numerics check, failures isolated and reported."""
+import os
+
+import numpy as np
+import pytest
+
+from roller import ops
+from roller.analysis import analyze
+from roller.device import load_device
+from roller.errors import BuildError
+from roller.profile import profile
+from roller.rprogram import RProgram
+
+pytestmark = pytest.mark.build
+LEVELS = ("reg", "L1", "L2")
+SHAPE = dict(M=64, N=96, K=48)
+
+
+def _abort_on_index_1(index, program):
+    """Worker hook: candidate 1 kills its worker process (like a TVM segfault would)."""
+    if index == 1:
+        os.abort()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    spec = ops.OPS["matmul"]
+    an = analyze(spec.make(SHAPE))
+    ins = spec.inputs(SHAPE)
+    return an.func, an.expr, ins, spec.reference(ins, SHAPE), load_device("x86-avx512", calibrated=False)
+
+
+def prog(expr, reg, l1, l2, packed=()):
+    names = [a.name for a in expr.axes]
+    return RProgram(levels=LEVELS, tiles=tuple(dict(zip(names, t)) for t in (reg, l1, l2)), grid={}, units=2,
+                    waves=1, vector_axis=expr.vector_axis, packed=packed)
+
+
+def good(expr):
+    return [prog(expr, (8, 32, 1), (16, 32, 16), (32, 96, 48), ("B",)),
+            prog(expr, (4, 16, 1), (8, 32, 8), (32, 32, 48))]
+
+
+def broken(expr):
+    """A program the scheduler rejects (tiles not nested): fails in its worker with a BuildError."""
+    return prog(expr, (4, 16, 1), (6, 16, 4), (12, 32, 8))
+
+
+def test_failures_are_isolated_and_the_rest_is_timed(setup):
+    func, expr, ins, ref, dev = setup
+    a, b = good(expr)
+    res = profile(func, expr, [a, b, broken(expr)], dev, ins, ref, progress=False, _worker_hook=_abort_on_index_1)
+    try:
+        assert res.best == 0
+        assert res.verified == [True, False, False]
+        assert res.measured_seconds[0] > 0 and res.measured_seconds[1] is None and res.measured_seconds[2] is None
+        assert "worker process died" in res.error[1]
+        assert "BuildError" in res.error[2] and "multiple" in res.error[2]
+        assert res.compile_seconds[0] > 0
+        # the kept module is the verified kernel
+        import tvm
+        d = tvm.cpu()
+        out = tvm.runtime.tensor(np.zeros_like(ref), d)
+        res.module["main"](*[tvm.runtime.tensor(x, d) for x in ins], out)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
+    finally:
+        res.cleanup()
+
+
+def test_reference_from_unscheduled_function_and_save(setup, tmp_path):
+    func, expr, ins, ref, dev = setup
+    res = profile(func, expr, good(expr), dev, ins, None, progress=True)
+    assert res.best in (0, 1) and all(res.verified)
+    path = res.save(tmp_path)
+    assert path.exists() and path.stat().st_size > 0
+    tmp = res._tmpdir
+    res.cleanup()
+    assert not os.path.exists(tmp)
+    import tvm
+    d = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros_like(ref), d)
+    tvm.runtime.load_module(str(path))["main"](*[tvm.runtime.tensor(x, d) for x in ins], out)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
+
+
+def test_wrong_kernels_are_never_chosen(setup):
+    """Against a reference that no kernel matches, every candidate fails the check: BuildError, one line each."""
+    func, expr, ins, ref, dev = setup
+    with pytest.raises(BuildError) as info:
+        profile(func, expr, good(expr) + [broken(expr)], dev, ins, ref + 1.0, progress=False)
+    msg = str(info.value)
+    assert msg.count("candidate ") == 3
+    assert msg.count("wrong result") == 2 and "multiple" in msg
