@@ -20,10 +20,11 @@ from .errors import UnsupportedExpressionError
 from .expr import REDUCE, Expr
 from .model import Estimate, estimate
 from .rprogram import RProgram
-from .rtile import LevelRules, axis_step, ceil_div, footprint, next_aligned, reuse_score, tile_counts, traffic
+from .rtile import (LevelRules, axis_step, ceil_div, footprint, level_footprints, next_aligned, rereads,
+                    tile_counts, traffic)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
-BRANCH = 3  # tiles per level carried on to the next level
+BRANCH = 4  # tiles per level carried on to the next level
 
 
 @dataclass(frozen=True)
@@ -56,67 +57,78 @@ def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, devic
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 
-def scale_up(expr: Expr, device: Device, index: int, seed: Mapping[str, int], eps: float,
-             bounds: Mapping[str, int] | None = None, units_floor: int = 1,
-             child: Mapping[str, int] | None = None) -> list[dict[str, int]]:
-    """Grows a tile at private level ``index`` from ``seed`` (the lower level's tile, or ones).
+def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[str, int]], eps: float,
+             bounds: Mapping[str, int] | None = None, units_floor: int = 1) -> list[dict[str, int]]:
+    """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
+    ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
 
     Returns up to BRANCH distinct tiles, best first: the greedy end, the first compute-bound tile on the
-    way, and the step before the end. ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids
+    way, and the steps before the end. ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids
     steps that would leave fewer spatial tiles than that (scale-out needs tiles for every unit).
-    The score of a step also counts what it saves the level below (``child``, usually the seed): a
-    longer reduction here means fewer reloads of the child's output tile.
+    The score of a step also counts what it saves the level below: a longer reduction here means fewer
+    reloads of the child's output tile.
     """
     bounds = bounds or {}
     rules = LevelRules.of(device, index, expr)
     levels = device.private_levels
-    below = levels[index + 1] if index + 1 < len(levels) else device.shared_levels[0]
+    top = index == len(levels) - 1
+    source = levels[index + 1] if not top else device.shared_levels[0]
+    seed = below_tiles[-1] if below_tiles else {}
     tile = _first_tile(expr, rules, seed, eps)
     if tile is None or footprint(expr, tile, rules) > rules.capacity:
         return []
+    child_rules = LevelRules.of(device, index - 1, expr) if below_tiles else None
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
-    child_rules = LevelRules.of(device, index - 1, expr) if index > 0 and child is not None else None
     contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
     order = {a.name: i for i, a in enumerate(expr.axes)}
-    path = [tile]
-    first_bound = None
-    while True:
-        if first_bound is None and _compute_bound(expr, tile, rules, device, below.bandwidth_gbps):
-            first_bound = tile
-        best = fallback = None
-        for a in expr.axes:
-            nxt = next_aligned(a.extent, tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
-            if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
-                continue
-            grown = {**tile, a.name: nxt}
-            if footprint(expr, grown, rules) > rules.capacity:
-                continue
-            if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
-                continue
-            score = reuse_score(expr, tile, grown, rules)
-            if child_rules is not None:
-                saved = traffic(expr, child, child_rules, tile) - traffic(expr, child, child_rules, grown)
-                df = footprint(expr, grown, rules) - footprint(expr, tile, rules)
-                score += saved / df if df > 0 else 0.0
-            if score > 0 and (best is None or score > best[0]):
-                best = (score, grown)
-            elif score == 0 and a.kind != REDUCE and best is None:
-                # no reuse along any axis (elementwise): bigger tiles still amortise loop overhead;
-                # grow the spatial axis contiguous in most tensors (the last such in loop order)
-                rank = (contiguity[a.name], order[a.name])
-                if fallback is None or rank > fallback[0]:
-                    fallback = (rank, grown)
-        if best is None and fallback is not None:
-            best = (0.0, fallback[1])
-        if best is None:
-            break
-        tile = best[1]
-        path.append(tile)
-    picks = [path[-1]]
-    if first_bound is not None:
-        picks.append(first_bound)
-    picks += path[-2:-BRANCH - 1:-1]
+
+    def grow(tile: dict[str, int], frozen: str | None) -> tuple[list[dict[str, int]], dict[str, int] | None]:
+        """The greedy path from ``tile`` (never growing ``frozen``) and its first compute-bound tile."""
+        path, first_bound = [tile], None
+        while True:
+            if first_bound is None and _compute_bound(expr, tile, rules, device, source.bandwidth_gbps):
+                first_bound = tile
+            best = fallback = None
+            f_tile = footprint(expr, tile, rules)
+            for a in expr.axes:
+                if a.name == frozen:
+                    continue
+                nxt = next_aligned(a.extent, tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
+                if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
+                    continue
+                grown = {**tile, a.name: nxt}
+                f_grown = footprint(expr, grown, rules)
+                if f_grown > rules.capacity:
+                    continue
+                if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
+                    continue
+                dq = traffic(expr, tile, rules) - traffic(expr, grown, rules)
+                if child_rules is not None:
+                    dq += traffic(expr, seed, child_rules, tile) - traffic(expr, seed, child_rules, grown)
+                df = f_grown - f_tile
+                score = dq / df if df > 0 else (math.inf if dq > 0 else 0.0)
+                if score > 0 and (best is None or score > best[0]):
+                    best = (score, grown)
+                elif score == 0 and a.kind != REDUCE:
+                    # no reuse along any axis (elementwise): bigger tiles still amortise loop overhead;
+                    # grow the spatial axis contiguous in most tensors (the last such in loop order)
+                    rank = (contiguity[a.name], order[a.name])
+                    if fallback is None or rank > fallback[0]:
+                        fallback = (rank, grown)
+            if best is None and fallback is not None:
+                best = (0.0, fallback[1])
+            if best is None:
+                return path, first_bound
+            tile = best[1]
+            path.append(tile)
+
+    path, first_bound = grow(tile, None)
+    # The greedy choice is myopic (an axis that wins early can use up the level); the same growth with
+    # one axis held at the seed gives the other shapes of the level's tile, for the model to rank.
+    variants = [grow(tile, a.name)[0][-1] for a in expr.axes if len(expr.axes) > 1]
+    variants.sort(key=lambda t: traffic(expr, t, rules))
+    picks = [path[-1]] + variants + ([first_bound] if first_bound is not None else []) + path[-2:-3:-1]
     out = []
     for t in picks:
         if t not in out:
@@ -125,25 +137,28 @@ def scale_up(expr: Expr, device: Device, index: int, seed: Mapping[str, int], ep
 
 
 def _packing(expr: Expr, tiles: list[dict[str, int]], device: Device) -> tuple[tuple[str, ...], dict[str, int]]:
-    """Inputs worth copying into a contiguous buffer per top tile, and their row padding.
+    """Inputs worth copying into a contiguous buffer per top tile, and their row padding (elements).
 
-    A tensor is packed when, inside the top tile, its rows are strided (the tile covers part of the
-    contiguous dimension) and the top tile re-reads it (an axis it does not depend on spans several
-    tiles of the level below): the copy is paid once and every re-read streams contiguous lines.
+    A tensor is packed when, inside the top tile, the innermost loops walk across its rows (none of the
+    reduced axes runs along its contiguous dimension), its rows are strided (the top tile covers part of
+    the contiguous dimension) and the top tile re-reads it: the copy is paid once and every re-read then
+    streams a dense block. The copy's rows are padded when the lower tile reads part of each row and the
+    row stride would map a column onto few cache sets.
     """
     if len(tiles) < 2:
         return (), {}
     top, under = tiles[-1], tiles[-2]
     rules = LevelRules.of(device, len(tiles) - 2, expr)
+    reduced = {a.name for a in expr.reduce_axes}
     packed, pads = [], {}
     for t in expr.inputs:
         region = t.region(top)
-        if len(region) < 2 or region[-1] >= t.shape[-1]:
+        if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
             continue
-        if not any(a.name not in t.axes and top[a.name] > under[a.name] for a in expr.axes):
+        if not rereads(expr, t, top, under):
             continue
         packed.append(t.name)
-        pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes)
+        pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
         if pad:
             pads[t.name] = max(1, pad // t.elem_bytes)
     return tuple(packed), pads
@@ -152,11 +167,16 @@ def _packing(expr: Expr, tiles: list[dict[str, int]], device: Device) -> tuple[t
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate) -> RProgram:
     packed, pads = _packing(expr, tiles, device)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
+    foot = dict(est.footprint_bytes)
+    top_level = device.private_levels[-1].name
+    for t in expr.inputs:
+        if t.name in pads:  # the padding is room the packed copy takes at the top level
+            foot[top_level] += math.prod(t.region(tiles[-1])[:-1]) * pads[t.name] * t.elem_bytes
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
         units=est.units, waves=est.waves, vector_axis=expr.vector_axis, packed=packed, storage_pad=pads,
         predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
-        footprint_bytes=dict(est.footprint_bytes), traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
+        footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
 
 def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int]) -> list[list[dict[str, int]]]:
@@ -165,15 +185,15 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int]) ->
     units = device.units.count
     out: list[list[dict[str, int]]] = []
 
-    def walk(index: int, seed: Mapping[str, int], acc: list[dict[str, int]]):
+    def walk(index: int, acc: list[dict[str, int]]):
         floor = units if index == n - 1 else 1
-        for tile in scale_up(expr, device, index, seed, eps, bounds, units_floor=floor, child=seed or None):
+        for tile in scale_up(expr, device, index, acc, eps, bounds, units_floor=floor):
             if index == n - 1:
                 out.append(acc + [tile])
             else:
-                walk(index + 1, tile, acc + [tile])
+                walk(index + 1, acc + [tile])
 
-    walk(0, {}, [])
+    walk(0, [])
     return out
 
 
@@ -258,11 +278,10 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
                     break
                 # favour small sizes: the first pick of a log-uniform index
                 tile[a.name] = sizes[min(len(sizes) - 1, int(len(sizes) ** rng.random()) - 1)]
-            if not ok or footprint(expr, tile, rules) > rules.capacity:
-                ok = False
+            if not ok:
                 break
             tiles.append(tile)
-        if not ok:
+        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(expr, tiles, device), levels)):
             continue
         est = estimate(expr, tiles, device)
         prog = _program(expr, tiles, device, epsilon, est)

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import Expr
-from .rtile import LevelRules, footprint, round_up, tile_counts, traffic
+from .rtile import LevelRules, level_footprints, round_up, tile_counts, traffic
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> 
     compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes) / (device.units.peak(expr.in_dtype) * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)
-    mem, traf, foot = {}, {}, {}
+    mem, traf = {}, {}
+    foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
         rules = LevelRules.of(device, i, expr)
         q = traffic(expr, tile, rules, tiles[i + 1] if i + 1 < len(tiles) else None)
@@ -84,7 +85,6 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> 
             bw = min(bw, below.total_bandwidth_gbps / units)
         mem[lv.name] = q / (bw * 1e9)
         traf[lv.name] = q
-        foot[lv.name] = footprint(expr, tile, rules)
     worst = max([per_tile] + [m / spatial for m in mem.values()])
     return Estimate(seconds=waves * worst, compute_seconds=compute_all / units, memory_seconds=mem,
                     traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units, waves=waves)

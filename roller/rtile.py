@@ -69,27 +69,48 @@ class LevelRules:
         return round_up(raw, self.level.transaction_bytes)
 
     def storage_pad_bytes(self, row_bytes: int) -> int:
-        """Padding per row so rows whose stride is a multiple of the conflict period spread over banks/sets."""
+        """Padding per row of a stored tile so that rows spread over all banks / cache sets.
+
+        With rows ``row_bytes`` apart, a column of the tile touches only banks / gcd(row_bytes / bank_bytes,
+        banks) of the banks (GPU shared-memory banks, CPU cache sets): one bank of padding per row makes
+        the stride odd and the column touch them all.
+        """
         lv = self.level
-        if self.index == 0 or not lv.banks or not lv.bank_bytes:
+        if self.index == 0 or not lv.banks or not lv.bank_bytes or row_bytes % lv.bank_bytes:
             return 0
-        period = lv.banks * lv.bank_bytes
-        return lv.bank_bytes if row_bytes % period == 0 else 0
+        return lv.bank_bytes if math.gcd(row_bytes // lv.bank_bytes, lv.banks) > 1 else 0
 
 
 def tensor_footprint(t: TensorAccess, tile: Mapping[str, int], rules: LevelRules, moved: bool = False) -> int:
-    """Bytes a tensor's tile region occupies at a level (transaction rounding and storage padding);
-    with ``moved``, the bytes that filling it transfers (see LevelRules.row_bytes)."""
+    """Bytes a tensor's tile region occupies at a level (rows rounded to transactions); with ``moved``,
+    the bytes that filling it transfers (see LevelRules.row_bytes). Storage padding of packed tiles is
+    added by the constructor, which decides the packing."""
     region = t.region(tile)
     if not region:
         return t.elem_bytes
-    row = rules.row_bytes(t, region[-1], moved)
-    return math.prod(region[:-1]) * (row + rules.storage_pad_bytes(row))
+    return math.prod(region[:-1]) * rules.row_bytes(t, region[-1], moved)
+
+
+def rereads(expr: Expr, t: TensorAccess, tile: Mapping[str, int], lower: Mapping[str, int]) -> bool:
+    """Whether the loops inside ``tile`` (over ``lower`` tiles) read an input tensor's data more than once:
+    some axis that does not index it takes several steps inside the tile."""
+    return any(a.name not in t.axes and tile[a.name] > lower[a.name] for a in expr.axes)
 
 
 def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
-    """F(T): bytes all tensors' regions occupy at the level."""
+    """F(T): bytes all tensors' regions occupy at the level (the whole tile is held there)."""
     return sum(tensor_footprint(t, tile, rules) for t in expr.tensors)
+
+
+def level_footprints(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> list[int]:
+    """The footprint of each level's tile of a full plan (nearest compute first)."""
+    return [footprint(expr, tile, LevelRules.of(device, i, expr)) for i, tile in enumerate(tiles)]
+
+
+def rereads(expr: Expr, t: TensorAccess, tile: Mapping[str, int], lower: Mapping[str, int]) -> bool:
+    """Whether the loops inside ``tile`` (over ``lower`` tiles) read an input tensor's data more than once:
+    some axis that does not index it takes several steps inside the tile."""
+    return any(a.name not in t.axes and tile[a.name] > lower[a.name] for a in expr.axes)
 
 
 def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
