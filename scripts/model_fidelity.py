@@ -1,0 +1,125 @@
+"""How well does the micro model rank kernels? Predicted vs measured time over varied candidates.
+
+For each matmul and conv2d shape, the candidates are the constructor's top-K plus random valid plans
+(aligned, nested, fitting every level: ``roller.construct.sample_programs``), so that good and bad
+kernels are both present. Every candidate is built, checked against numpy and timed in this one process
+on the same buffers. Printed per shape and pooled: Spearman's rank correlation between predicted and
+measured time, and how far the model's first choice is from the measured best.
+
+    python scripts/model_fidelity.py [--device host] [--samples 30] [--topk 10] [--quick]
+
+The device's calibration (``roller calibrate``) is used when present; the output says which figures fed
+the model. Kernels run with TVM_NUM_THREADS = the device's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+SHAPES = [
+    ("matmul", {"M": 256, "N": 256, "K": 256}),
+    ("matmul", {"M": 512, "N": 512, "K": 512}),
+    ("matmul", {"M": 1024, "N": 1024, "K": 1024}),
+    ("matmul", {"M": 384, "N": 768, "K": 512}),
+    ("matmul", {"M": 1000, "N": 1000, "K": 1000}),
+    ("conv2d", {"N": 1, "H": 56, "W": 56, "C": 64, "K": 64, "R": 3, "S": 3, "pad": 1}),
+    ("conv2d", {"N": 1, "H": 28, "W": 28, "C": 128, "K": 128, "R": 3, "S": 3, "pad": 1}),
+    ("conv2d", {"N": 1, "H": 14, "W": 14, "C": 256, "K": 256, "R": 3, "S": 3, "pad": 1}),
+]
+QUICK = [SHAPES[1], SHAPES[5]]
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties sharing their average rank."""
+    order = np.argsort(x, kind="mergesort")
+    r = np.empty(len(x))
+    sx = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sx[j + 1] == sx[i]:
+            j += 1
+        r[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(x, y) -> float:
+    rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
+    from roller import ops
+    from roller.api import analyze
+    from roller.construct import construct, sample_programs
+    from roller.profile import profile
+
+    spec = ops.OPS[op]
+    full = ops.validate_shape(op, shape, "float32")
+    func = spec.make(full, "float32")
+    expr, norm = analyze(func)
+    cons = construct(expr, device, topk)
+    cands = list(cons.programs)
+    keys = {p.key for p in cands}
+    for p in sample_programs(expr, device, samples + topk, seed=1, epsilon=cons.epsilon):
+        if p.key not in keys and len(cands) < samples + topk:
+            keys.add(p.key)
+            cands.append(p)
+    inputs = spec.inputs(full, "float32", np.random.default_rng(0))
+    ref = spec.reference(inputs, full)
+    prof = profile(norm, expr, cands, device, inputs, ref, progress=sys.stderr.isatty(), time_kernels=True)
+    rows = [(p, c.measured_seconds) for p, c in zip(cands, prof.candidates) if c.measured_seconds]
+    pred = [p.predicted_seconds for p, _ in rows]
+    meas = [m for _, m in rows]
+    # the model's first choice: the constructor's order (prediction, then its tie-break) over all candidates
+    first = min(range(len(rows)), key=lambda i: (rows[i][0].predicted_seconds, sum(rows[i][0].memory_seconds.values())))
+    best = min(meas)
+    return {
+        "op": op, "shape": full, "candidates": len(cands), "measured": len(rows),
+        "spearman": spearman(pred, meas), "model_top1_over_best": meas[first] / best,
+        "best_gflops": spec.flops(full) / best / 1e9, "pred": pred, "meas": meas,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--samples", type=int, default=30, help="random plans per shape on top of the top-K")
+    ap.add_argument("--topk", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    from roller.device import load_device
+    from roller.tvmutil import set_threads
+
+    device = load_device(args.device)
+    set_threads(device.units.count)
+    print(f"device {device.name}: {'calibrated' if device.calibrated else 'DATASHEET figures (run roller calibrate)'}; "
+          f"{device.units.count} threads", file=sys.stderr)
+    t0 = time.perf_counter()
+    results = []
+    for op, shape in (QUICK if args.quick else SHAPES):
+        r = study(op, shape, device, args.samples, args.topk)
+        results.append(r)
+        print(f"{op:7s} {','.join(f'{k}={v}' for k, v in r['shape'].items()):42s} n={r['measured']:3d} "
+              f"spearman={r['spearman']:.2f} model-top1/best={r['model_top1_over_best']:.2f} "
+              f"best={r['best_gflops']:.0f} GFLOP/s", flush=True)
+    within = sum(r["model_top1_over_best"] <= 1.15 for r in results)
+    pooled = np.mean([r["spearman"] for r in results])
+    print(f"mean Spearman {pooled:.2f} (target >= 0.7); model's top-1 within 15% of the measured best on "
+          f"{within}/{len(results)} shapes (target >= 80%); {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("pred", "meas")} for r in results]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
