@@ -1,0 +1,10 @@
+"""Microbenchmarks that calibrate a device once (``roller calibrate``): peak compute per dtype,
+bandwidth of every memory level, the small-transfer cost.
+
+- ``microbench.kernels``: the TVM kernels (register-tile peak, vectorized streams, strided rows) and
+  their numpy references;
+- ``microbench.plan``: what to measure on a device (working set per level, sweep, tiles), plain Python;
+- ``microbench.runner``: measures a plan in its own process (``python -m microbench.runner``).
+
+``roller.calibrate`` runs the plan, summarises, checks and caches the figures.
+"""

@@ -1,0 +1,171 @@
+"""roller.calibrate: the cache file (atomic, locked, validated), loading into devices, the command."""
+import json
+import multiprocessing
+import warnings
+
+import pytest
+
+from roller import calibrate as C
+from roller.device import load_device
+from roller.errors import CalibrationError
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """Every test gets its own cache dir: the user's cache is never touched."""
+    monkeypatch.setenv(C.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def spec():
+    return load_device("x86-avx512", calibrated=False)
+
+
+def fake_calibration(dev, scale=1.0):
+    return {"schema": C.SCHEMA, "device": dev.name, "fingerprint": dev.fingerprint,
+            "peak_gflops": {"float32": 200.0 * scale},
+            "bandwidth_gbps": {"L1": {"unit": 300.0 * scale, "total": 600.0 * scale},
+                               "DRAM": {"unit": 9.0 * scale, "total": 12.0 * scale}},
+            "datasheet": C._figures(dev), "pad": "x" * 20000}
+
+
+def test_path_is_keyed_by_name_and_fingerprint(spec, cache):
+    p = C.calibration_path(spec)
+    assert p == cache / "calibration" / f"x86-avx512-{spec.fingerprint}.json"
+
+
+def test_saved_calibration_replaces_datasheet_figures(spec):
+    path = C.save_calibration(spec, fake_calibration(spec))
+    assert path.exists() and not list(path.parent.glob("*.tmp"))
+    dev = load_device("x86-avx512", calibrated=True)
+    assert dev.calibrated and dev.units.peak("float32") == 200.0
+    assert dev.level("L1").bandwidth_gbps == 300.0 and dev.level("L1").total_bandwidth_gbps == 600.0
+    assert dev.level("L2").bandwidth_gbps == spec.level("L2").bandwidth_gbps  # not measured: datasheet
+    rows = {f: (ds, got) for f, ds, got in C.calibration_summary(dev)}
+    assert rows["peak_gflops.float32"] == (spec.units.peak("float32"), 200.0)
+    assert rows["bandwidth_gbps.L2.unit"] == (spec.level("L2").bandwidth_gbps, None)
+    assert rows["peak_gflops.float64"][1] is None
+
+
+def test_empty_cache_gives_datasheet_device_without_warning(spec, cache):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dev = load_device("x86-avx512", calibrated=True)
+    assert not dev.calibrated and dev == spec and not cache.exists()
+    assert all(got is None for _, _, got in C.calibration_summary(dev))
+
+
+def _truncated(dev):
+    return json.dumps(fake_calibration(dev))[:500]
+
+
+BAD_FILES = {
+    "garbage": lambda dev: "\x00\x01 not json at all",
+    "empty": lambda dev: "",
+    "truncated": _truncated,
+    "not an object": lambda dev: "[1, 2, 3]",
+    "wrong schema": lambda dev: json.dumps(dict(fake_calibration(dev), schema=99)),
+    "other fingerprint": lambda dev: json.dumps(dict(fake_calibration(dev), fingerprint="0123456789ab")),
+    "negative peak": lambda dev: json.dumps(dict(fake_calibration(dev), peak_gflops={"float32": -1})),
+    "level missing total": lambda dev: json.dumps(dict(fake_calibration(dev), bandwidth_gbps={"L1": {"unit": 5}})),
+    "unknown level": lambda dev: json.dumps(dict(fake_calibration(dev),
+                                                 bandwidth_gbps={"L9": {"unit": 5, "total": 9}})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_cache_file_warns_and_falls_back(spec, case):
+    path = C.calibration_path(spec)
+    path.parent.mkdir(parents=True)
+    path.write_text(BAD_FILES[case](spec))
+    with pytest.warns(C.CalibrationWarning) as rec:
+        assert C.load_calibration(spec) is None
+    assert len(rec) == 1
+    msg = str(rec[0].message)
+    assert str(path) in msg and "roller calibrate" in msg
+    with pytest.warns(C.CalibrationWarning):
+        dev = load_device("x86-avx512", calibrated=True)
+    assert not dev.calibrated and dev.units.peak("float32") == spec.units.peak("float32")
+    # Recalibrating over the bad file repairs it.
+    C.save_calibration(spec, fake_calibration(spec))
+    assert C.load_calibration(spec)["peak_gflops"] == {"float32": 200.0}
+
+
+def test_save_refuses_bad_data_and_unwritable_places(spec, tmp_path):
+    with pytest.raises(CalibrationError, match="peak_gflops"):
+        C.save_calibration(spec, {"schema": C.SCHEMA, "peak_gflops": {}, "bandwidth_gbps": {}})
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(CalibrationError, match="cannot write"):
+        C.save_calibration(spec, fake_calibration(spec), blocker / "sub" / "cal.json")
+
+
+def _writer(args):
+    cache_dir, seed = args
+    import os
+    os.environ[C.CACHE_ENV] = cache_dir
+    dev = load_device("x86-avx512", calibrated=False)
+    for i in range(15):
+        C.save_calibration(dev, fake_calibration(dev, scale=1 + seed + i / 100))
+    return seed
+
+
+def test_concurrent_writers_leave_a_valid_file(spec, cache):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        assert sorted(pool.map(_writer, [(str(cache), s) for s in range(6)])) == list(range(6))
+    path = C.calibration_path(spec)
+    data = json.loads(path.read_text())
+    assert C.validate_calibration(data, spec) is None
+    scale = data["peak_gflops"]["float32"] / 200.0
+    assert data["bandwidth_gbps"]["L1"]["unit"] == pytest.approx(300.0 * scale)  # one writer's whole file
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_sanity_warnings_name_the_odd_figures(spec):
+    def point(gbps):
+        return {"read": {"value": gbps}}
+    raw = {"levels": {"L1": {"one": point(50.0)}, "L2": {"one": point(80.0)}, "DRAM": {"one": point(10.0)}},
+           "peak": {"float32": {"one": {"value": 10.0}, "all": {"value": 11.0}},
+                    "float64": {"one": {"value": 60.0}, "all": {"value": 120.0}},
+                    "int8": {"skipped": "why"}}}
+    warns = C._sanity(spec, raw, ["L1", "L2", "DRAM"], 2)
+    text = "\n".join(warns)
+    assert "L1 read 50.0 GB/s is not faster than L2" in text and "L2 read" not in text
+    assert "peak float32 10 GFLOP/s per unit is under a quarter" in text
+    assert "peak float32 on 2 units is 1.10x" in text and "float64" not in text
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert C.main(["--device", "no-such-device", "--quick"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown device 'no-such-device'" in err[0]
+
+
+@pytest.mark.build
+def test_quick_calibration_json(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    assert C.main(["--quick", "--json", "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for key in ("peak_gflops", "peak_gflops_all", "bandwidth_gbps", "bandwidth_total_gbps", "seconds",
+                "small_transfer", "warnings", "skipped", "path"):
+        assert key in res
+    assert res["path"] == str(out)
+    assert res["peak_gflops"]["float32"] > 0 and res["peak_gflops"]["float64"] > 0
+    assert set(res["bandwidth_gbps"]) == {"L1", "L2", "L3", "DRAM"}
+    assert all(v > 0 for v in res["bandwidth_gbps"].values())
+    assert "bfloat16" in res["skipped"]
+    saved = json.loads(out.read_text())
+    host = load_device("host", calibrated=False)
+    assert C.validate_calibration(saved, host) is None
+    assert saved["fingerprint"] == host.fingerprint and saved["tvm_version"] and saved["created"]
+    assert {"one", "all"} == set(saved["sweep"]) and saved["small_transfer"]["rows"]
+    assert not C.calibration_path(host).exists()  # --out: the cache is left alone
+    dev = host.with_calibration(saved)
+    assert dev.units.peak("float32") == res["peak_gflops"]["float32"]
+
+
+def test_per_unit_is_the_all_units_share():
+    assert C.per_unit(total=216.0, units=2) == 108.0
+    assert C.per_unit(total=10.0, units=1) == 10.0
