@@ -7,6 +7,7 @@ PrimFunc as TVMScript text, the Expr and Device as frozen dataclasses, the RProg
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -144,6 +145,29 @@ def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Devi
         return None, None, f"{type(e).__name__}: {short}"
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Starts worker processes without re-running the caller's main script in them.
+
+    multiprocessing's spawn and forkserver workers import the parent's ``__main__`` (by path or module
+    name) before running anything; a user script that calls roller at top level, without the
+    ``if __name__ == "__main__"`` guard, would then build again inside every worker. The workers only
+    run roller's own functions, so they are started with the main module's origin hidden.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        for k in saved:
+            if k == "__spec__":
+                main.__spec__ = None
+            else:
+                del main.__dict__[k]
+        yield
+    finally:
+        for k, v in saved.items():
+            main.__dict__[k] = v
+
+
 def _new_pool(workers: int) -> ProcessPoolExecutor:
     # forkserver: workers fork from a clean server process (never from a caller that already runs TVM
     # threads) that imported TVM once, so a worker starts in milliseconds instead of a second or more.
@@ -160,8 +184,9 @@ def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], dev
     workers = max(1, min(device.units.count, len(jobs)))
     while pending:
         pool = _new_pool(workers)
-        futures = {idx: pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
-                   for idx, prog in pending}
+        with _main_module_hidden():  # workers start on submit
+            futures = {idx: pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
+                       for idx, prog in pending}
         broken = False
         for idx, fut in futures.items():
             try:
@@ -180,7 +205,9 @@ def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], dev
         for idx, prog in pending:
             pool = _new_pool(1)
             try:
-                results[idx] = pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook).result()
+                with _main_module_hidden():
+                    fut = pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
+                results[idx] = fut.result()
             except BrokenProcessPool:
                 results[idx] = (None, None, "worker process died while building (TVM crash or abort)")
             finally:
