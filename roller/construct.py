@@ -20,7 +20,7 @@ from .errors import UnsupportedExpressionError
 from .expr import REDUCE, Expr
 from .model import Estimate, estimate
 from .rprogram import RProgram
-from .rtile import (LevelRules, axis_step, ceil_div, footprint, level_footprints, next_aligned, rereads,
+from .rtile import (LevelRules, axis_step, ceil_div, footprint, level_footprints, next_aligned, packing,
                     tile_counts, traffic)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -136,36 +136,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     return out[:BRANCH]
 
 
-def _packing(expr: Expr, tiles: list[dict[str, int]], device: Device) -> tuple[tuple[str, ...], dict[str, int]]:
-    """Inputs worth copying into a contiguous buffer per top tile, and their row padding (elements).
-
-    A tensor is packed when, inside the top tile, the innermost loops walk across its rows (none of the
-    reduced axes runs along its contiguous dimension), its rows are strided (the top tile covers part of
-    the contiguous dimension) and the top tile re-reads it: the copy is paid once and every re-read then
-    streams a dense block. The copy's rows are padded when the lower tile reads part of each row and the
-    row stride would map a column onto few cache sets.
-    """
-    if len(tiles) < 2:
-        return (), {}
-    top, under = tiles[-1], tiles[-2]
-    rules = LevelRules.of(device, len(tiles) - 2, expr)
-    reduced = {a.name for a in expr.reduce_axes}
-    packed, pads = [], {}
-    for t in expr.inputs:
-        region = t.region(top)
-        if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
-            continue
-        if not rereads(expr, t, top, under):
-            continue
-        packed.append(t.name)
-        pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
-        if pad:
-            pads[t.name] = max(1, pad // t.elem_bytes)
-    return tuple(packed), pads
-
-
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate) -> RProgram:
-    packed, pads = _packing(expr, tiles, device)
+    packed, pads = packing(expr, tiles, device)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
     top_level = device.private_levels[-1].name

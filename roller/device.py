@@ -60,7 +60,8 @@ class ComputeUnits:
     """The execution units a kernel scales out over (CPU cores, GPU SMs).
 
     vector_bytes (CPU SIMD register width) or warp_threads (GPU) define the minimum schedulable unit;
-    peak_gflops is per unit, by dtype.
+    peak_gflops is per unit, by dtype. accumulators_for_peak is how many independent accumulator
+    vectors keep the FMA pipes busy (FMA latency x pipes; 1 means the model ignores it).
     """
 
     count: int
@@ -68,6 +69,7 @@ class ComputeUnits:
     vector_bytes: int | None = None
     warp_threads: int | None = None
     clock_ghz: float | None = None
+    accumulators_for_peak: int = 1
 
     def lanes(self, dtype: str) -> int:
         """Elements one minimum schedulable unit handles: SIMD lanes on a CPU, warp size on a GPU."""
@@ -259,7 +261,7 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
                               f"got {_show(target.get('kind'))}")
 
     u = top.sub("units")
-    u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz"})
+    u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz", "accumulators_for_peak"})
     peaks_f = u.sub("peak_gflops")
     peaks = {}
     for dt in peaks_f.data:
@@ -271,7 +273,7 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
     units = ComputeUnits(
         count=u.get("count", "int"), peak_gflops=peaks,
         vector_bytes=u.get("vector_bytes", "int", None), warp_threads=u.get("warp_threads", "int", None),
-        clock_ghz=u.get("clock_ghz", "float", None))
+        clock_ghz=u.get("clock_ghz", "float", None), accumulators_for_peak=u.get("accumulators_for_peak", "int", 1))
     if (units.vector_bytes is None) == (units.warp_threads is None):
         raise DeviceSpecError(f"{where}: units: give exactly one of vector_bytes (CPU SIMD width) "
                               f"or warp_threads (GPU warp size)")

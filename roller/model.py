@@ -62,6 +62,20 @@ def padded_flops(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], lan
     return pts * expr.flops_per_point
 
 
+def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device) -> float:
+    """Fraction of peak the register tile can issue: a fused multiply-add waits for the previous one on
+    the same accumulator, so peak needs ``units.accumulators_for_peak`` independent accumulator vectors
+    (FMA latency x FMA pipes). A register tile with fewer leaves the pipes idle in proportion."""
+    need = device.units.accumulators_for_peak
+    if need <= 1:
+        return 1.0
+    lanes = device.units.lanes(expr.in_dtype)
+    out = math.prod(expr.output.region(reg))
+    va = expr.vector_axis
+    vectors = math.ceil(out / lanes) if va is not None and expr.axis(va).kind != "reduce" else out
+    return min(1.0, vectors / need)
+
+
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> Estimate:
     """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``."""
     levels = device.private_levels
@@ -71,7 +85,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> 
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)
     lanes = device.units.lanes(expr.in_dtype)
-    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes) / (device.units.peak(expr.in_dtype) * 1e9)
+    peak = device.units.peak(expr.in_dtype) * accumulator_efficiency(expr, tiles[0], device)
+    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes) / (peak * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)
     mem, traf = {}, {}

@@ -107,12 +107,6 @@ def level_footprints(expr: Expr, tiles: list[Mapping[str, int]], device: Device)
     return [footprint(expr, tile, LevelRules.of(device, i, expr)) for i, tile in enumerate(tiles)]
 
 
-def rereads(expr: Expr, t: TensorAccess, tile: Mapping[str, int], lower: Mapping[str, int]) -> bool:
-    """Whether the loops inside ``tile`` (over ``lower`` tiles) read an input tensor's data more than once:
-    some axis that does not index it takes several steps inside the tile."""
-    return any(a.name not in t.axes and tile[a.name] > lower[a.name] for a in expr.axes)
-
-
 def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
     """(all tiles, spatial tiles) when the operator is covered by ``tile`` (overhang rounds up)."""
     total = spatial = 1
@@ -211,3 +205,31 @@ def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], r
     if df <= 0:
         return math.inf if dq > 0 else 0.0
     return dq / df
+
+
+def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> tuple[tuple[str, ...], dict[str, int]]:
+    """Inputs worth copying into a contiguous buffer per top tile, and their row padding (elements).
+
+    A tensor is packed when, inside the top tile, the innermost loops walk across its rows (none of the
+    reduced axes runs along its contiguous dimension), its rows are strided (the top tile covers part of
+    the contiguous dimension) and the top tile re-reads it: the copy is paid once and every re-read then
+    streams a dense block. The copy's rows are padded when the lower tile reads part of each row and the
+    row stride would map a column onto few cache sets.
+    """
+    if len(tiles) < 2:
+        return (), {}
+    top, under = tiles[-1], tiles[-2]
+    rules = LevelRules.of(device, len(tiles) - 2, expr)
+    reduced = {a.name for a in expr.reduce_axes}
+    packed, pads = [], {}
+    for t in expr.inputs:
+        region = t.region(top)
+        if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
+            continue
+        if not rereads(expr, t, top, under):
+            continue
+        packed.append(t.name)
+        pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
+        if pad:
+            pads[t.name] = max(1, pad // t.elem_bytes)
+    return tuple(packed), pads

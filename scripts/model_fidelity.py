@@ -85,6 +85,7 @@ def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
         "op": op, "shape": full, "candidates": len(cands), "measured": len(rows),
         "spearman": spearman(pred, meas), "model_top1_over_best": meas[first] / best,
         "best_gflops": spec.flops(full) / best / 1e9, "pred": pred, "meas": meas,
+        "model_first": rows[first][0], "measured_best": rows[meas.index(best)][0], "progs": [p for p, _ in rows],
     }
 
 
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="print the model's first plan and the measured best")
     args = ap.parse_args(argv)
 
     from roller.device import load_device
@@ -112,12 +114,21 @@ def main(argv=None) -> int:
         print(f"{op:7s} {','.join(f'{k}={v}' for k, v in r['shape'].items()):42s} n={r['measured']:3d} "
               f"spearman={r['spearman']:.2f} model-top1/best={r['model_top1_over_best']:.2f} "
               f"best={r['best_gflops']:.0f} GFLOP/s", flush=True)
+        if args.verbose:
+            for label in ("model_first", "measured_best"):
+                p = r[label]
+                print(f"    {label}: predicted {p.predicted_seconds * 1e3:.3f} ms, packed {list(p.packed)}: "
+                      + p.describe().replace("\n", " | "))
+            order = sorted(range(len(r["meas"])), key=lambda i: r["meas"][i])
+            print("    measured ms (fastest first) / predicted ms: "
+                  + " ".join(f"{r['meas'][i] * 1e3:.2f}/{r['pred'][i] * 1e3:.2f}" for i in order))
     within = sum(r["model_top1_over_best"] <= 1.15 for r in results)
     pooled = np.mean([r["spearman"] for r in results])
     print(f"mean Spearman {pooled:.2f} (target >= 0.7); model's top-1 within 15% of the measured best on "
           f"{within}/{len(results)} shapes (target >= 80%); {time.perf_counter() - t0:.0f} s")
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("pred", "meas")} for r in results]))
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("pred", "meas", "model_first", "measured_best", "progs")}
+                          for r in results]))
     return 0
 
 

@@ -109,3 +109,21 @@ def test_calibrated_figures_change_the_prediction():
     assert after.seconds < before.seconds
     slow_l3 = DEV.with_calibration({"bandwidth_gbps": {"L3": {"unit": 1.0, "total": 1.0}}})
     assert estimate(e, tiles, slow_l3).seconds > before.seconds
+
+
+def test_accumulator_efficiency_counts_independent_vectors():
+    from roller.model import accumulator_efficiency
+    spec_dev = cpu(units={"count": 4, "vector_bytes": 64, "peak_gflops": {"float32": 100.0},
+                          "accumulators_for_peak": 8})
+    e = matmul(256, 256, 256)
+    assert accumulator_efficiency(e, {"i": 1, "j": 16, "k": 1}, spec_dev) == 1 / 8  # one zmm accumulator
+    assert accumulator_efficiency(e, {"i": 2, "j": 32, "k": 4}, spec_dev) == 4 / 8
+    assert accumulator_efficiency(e, {"i": 4, "j": 64, "k": 1}, spec_dev) == 1.0
+    # a row sum vectorized along the reduced axis keeps one vector accumulator per output row
+    r = reduce_rows(64, 1024)
+    assert r.vector_axis == "k"
+    assert accumulator_efficiency(r, {"i": 2, "k": 16}, spec_dev) == 2 / 8
+    assert accumulator_efficiency(e, {"i": 1, "j": 16, "k": 1}, DEV) == 1.0  # spec without the field
+    slow = estimate(e, [{"i": 1, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
+    fast = estimate(e, [{"i": 4, "j": 64, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
+    assert slow.compute_seconds == pytest.approx(8 * fast.compute_seconds)
