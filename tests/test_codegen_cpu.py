@@ -135,6 +135,8 @@ def test_conv2d_numerics(device, shape, tiles, packed):
     (dict(M=1025, N=129), ((16, 1), (16, 32), (64, 128))),
     (dict(M=1, N=7), ((16, 1), (16, 4), (16, 8))),
     (dict(M=64, N=256), ((16, 4), (32, 64), (32, 256))),
+    (dict(M=64, N=7), ((1, 7), (16, 7), (32, 7))),      # one-row write-back at the L1 loop: not vectorized
+    (dict(M=70, N=1000), ((8, 32), (16, 256), (32, 512))),  # rfactor, 2 vectors per reg row, overhang
 ])
 def test_reduce_sum_numerics(device, shape, tiles):
     check("reduce_sum", shape, device, lambda e: program(e, *tiles))
@@ -159,3 +161,81 @@ def test_elementwise_and_reduction_are_parallel_and_vectorized(device):
         _, func, expr = analysed(op, shape, fuse)
         text = schedule(func, expr, program(expr, *tiles), device).mod.script()
         assert "T.parallel(" in text and "T.vectorized(16)" in text, op
+
+
+# --- a reduce vector axis (a row sum's n): vector partial sums through rfactor, with constructed plans
+
+def constructed(op, shape, device, topk, dtype="float32"):
+    """(spec, normalized func, fused Expr, top-``topk`` plans) as ``roller build`` gets them."""
+    from roller.api import analyze as api_analyze
+    from roller.construct import construct
+
+    spec = ops.OPS[op]
+    expr, func = api_analyze(spec.make(shape, dtype))
+    return spec, func, expr, construct(expr, device, topk=topk).programs
+
+
+def run_against_numpy(spec, func, expr, prog, device, shape, dtype="float32"):
+    """Builds one plan, runs it on the spec's inputs and checks it at the profiler's tolerances."""
+    import tvm
+    from roller.profile import TOLERANCE
+
+    ex = build(func, expr, prog, device)
+    ins = spec.inputs(shape, dtype)
+    ref = spec.reference(ins, shape)
+    out_dtype = spec.out_dtype(dtype)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(ref.shape, out_dtype), dev)
+    ex["main"](*[tvm.runtime.tensor(a, dev) for a in ins], out)
+    rtol, atol = TOLERANCE.get(out_dtype, (0.0, 0.0))
+    np.testing.assert_allclose(out.numpy(), ref.astype(out_dtype), rtol=rtol, atol=atol,
+                               err_msg=f"{expr.name} {shape} {dtype}: {prog.describe()}")
+    return ex
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("M", [1, 3, 64])
+@pytest.mark.parametrize("N", [1, 7, 15, 16, 17, 1025])
+def test_reduce_sum_vector_reduce_axis_numerics(device, M, N):
+    """Every constructed plan (vector axis n) is right, whether rfactor applies (N >= a vector and more
+    than one to sum), overhangs (17, 1025) or falls back to the scalar path (N < 16, N == 16)."""
+    shape = dict(M=M, N=N)
+    spec, func, expr, progs = constructed("reduce_sum", shape, device, topk=3)
+    for prog in progs:
+        if N > 1:
+            assert prog.vector_axis == "n"
+        run_against_numpy(spec, func, expr, prog, device, shape)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("dtype,shape", [("int8", dict(M=5, N=300)), ("float64", dict(M=9, N=77)),
+                                         ("float16", dict(M=4, N=200))])
+def test_reduce_sum_vector_reduce_axis_other_dtypes(device, dtype, shape):
+    """Lanes follow the input dtype (64 int8 lanes accumulate in int32, 8 float64 lanes)."""
+    spec, func, expr, progs = constructed("reduce_sum", shape, device, topk=2, dtype=dtype)
+    for prog in progs:
+        run_against_numpy(spec, func, expr, prog, device, shape, dtype)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape", [dict(M=256, N=4096), dict(M=64, N=1025)])
+def test_row_sum_partial_sums_are_vectors(device, shape):
+    """The row sum's reduce axis becomes a vector of partial sums: one lanes-wide vector per reg-tile row,
+    updated with lanes-wide adds in the generated LLVM IR (also when the tile overhangs N: the predicated
+    last iterations are split off); the grid stays parallel over rows."""
+    spec, func, expr, progs = constructed("reduce_sum", shape, device, topk=1)
+    prog = progs[0]
+    assert prog.vector_axis == "n" and prog.tiles[0]["n"] % 16 == 0
+    text = schedule(func, expr, prog, device).mod.script()
+    assert "B_rf" in text and 'scope="local"' in text
+    assert "T.parallel(" in text and "T.vectorized(16)" in text
+    ex = run_against_numpy(spec, func, expr, prog, device, shape)
+    assert "fadd <16 x float>" in ex.mod.inspect_source("ll")
+
+
+def test_reduce_vector_axis_narrower_than_a_vector_stays_scalar(device):
+    """A reg tile of 4 along the reduce vector axis cannot fill a vector: no rfactor, the scalar path."""
+    _, func, expr = analysed("reduce_sum", dict(M=64, N=256))
+    assert expr.vector_axis == "n"
+    text = schedule(func, expr, program(expr, (16, 4), (32, 64), (32, 256)), device).mod.script()
+    assert "B_rf" not in text and "B_local" in text

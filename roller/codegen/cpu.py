@@ -13,6 +13,13 @@ more than once: the reg tile itself when one L1 pass covers the reduction, the t
 Packed inputs are copied per top tile (per grid tile and reduce top tile) into a compact buffer whose
 rows are padded by ``storage_pad``. Tiles that overhang an axis extent give predicated iterations;
 tile sizes larger than an extent are clamped to it first, so small shapes waste nothing.
+
+When the vector axis is a reduce axis (a row sum's n, a GEMV's k), its reg loop is split so that one
+vector of lanes is innermost and ``rfactor``-ed: the partial sums become a local buffer with the lanes as
+a spatial axis (one vector accumulator per output element of the reg tile), updated with vector adds;
+the cross-lane sum runs in the write-back, once per accumulator tile. Reg tiles narrower than a vector,
+with nothing else to reduce over, or with more accumulators than the register file holds keep the scalar
+path (see ``_rfactor_applies`` and the register check in ``schedule_cpu``).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..device import Device
+from ..dtypes import dtype_bytes
 from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
@@ -191,7 +199,21 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
         axes.append(_AxisLoops(ax.name, ax.kind, sizes, slots[0], list(reversed(slots[1:]))))
     spatial = [a for a in axes if a.kind != REDUCE]
     reduce = [a for a in axes if a.kind == REDUCE]
-    vec = next((a for a in spatial if a.name == (program.vector_axis or expr.vector_axis)), None)
+    vname = program.vector_axis or expr.vector_axis
+    vec = next((a for a in spatial if a.name == vname), None)
+    # A reduce vector axis (a row sum's n) is split so that one vector of lanes is innermost; rfactor
+    # below turns those lanes into vector partial sums, one vector per output element of the reg tile.
+    # More accumulators than the register file holds would spill on every update (measured slower than
+    # the scalar path); those plans, and the ones _rfactor_applies rejects, stay on the scalar path.
+    rvec = next((a for a in reduce if a.name == vname), None)
+    lane = None
+    acc_bytes = math.prod(a.sizes[0] for a in spatial) * lanes * dtype_bytes(expr.output.dtype)
+    if (rvec is not None and acc_bytes <= device.levels[0].capacity_bytes
+            and _rfactor_applies(rvec, reduce, lanes)):
+        if rvec.sizes[0] > lanes:
+            rvec.levels[0], lane = sch.split(rvec.levels[0], [None, lanes])
+        else:
+            rvec.levels[0], lane = None, rvec.levels[0]
 
     def present(loops):
         return [lp for lp in loops if lp is not None]
@@ -203,11 +225,37 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
     order += present([a.levels[0] for a in reduce] + [a.levels[0] for a in spatial if a is not vec])
     if vec is not None and vec.levels[0] is not None:
         order.append(vec.levels[0])
+    if lane is not None:
+        order.append(lane)
     if len(order) > 1:
         sch.reorder(*order)
     grid = (sch.fuse(*sgrid) if len(sgrid) > 1 else sgrid[0]) if sgrid else None
     order = ([grid] if grid is not None else []) + order[len(sgrid):]
 
+    wb = None  # after rfactor: the write-back block, the cross-lane sum of the vector partial sums
+    rf = _try_rfactor(sch, lane, len(expr.output.shape)) if lane is not None else None
+    if lane is not None and rf is None:
+        # the reducer is not one rfactor knows: the lanes stay a scalar reduce loop (correct, unrolled)
+        sch.unroll(lane)
+        lane = None
+    if rf is not None:
+        # rfactor rebuilds the loop nest (reduce LoopRVs go stale): find every loop again by position
+        pos = {id(lp): i for i, lp in enumerate(order)}
+        wb, block = block, rf
+        sch.set_scope(block, 0, "local")
+        new = sch.get_loops(block)
+        if len(new) != len(order):
+            raise BuildError(f"{expr.name}: rfactor left {len(new)} loops around the partial sums, "
+                             f"expected {len(order)}")
+
+        def moved(lp):
+            return None if lp is None else new[pos[id(lp)]]
+        for a in axes:  # spatial grid loops were fused into ``grid`` above
+            a.levels = [moved(lp) for lp in a.levels]
+            if a.kind == REDUCE:
+                a.grid = moved(a.grid)
+        grid, lane, order = moved(grid), moved(lane), list(new)
+        rgrid = present([a.grid for a in reduce])
     # --- where tiles live. Packs: below the grid and the reduce grid loops (one top tile).
     # Accumulator: above the first reduce loop, so its init and write-back wrap the whole reduction.
     prefix = ([grid] if grid is not None else []) + rgrid
@@ -215,11 +263,23 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
     reduce_ids = {id(lp) for a in reduce for lp in [a.grid] + a.levels if lp is not None}
     first_reduce = next((i for i, lp in enumerate(order) if id(lp) in reduce_ids), None)
     acc_at = order[first_reduce - 1] if first_reduce else None
-    out_name = expr.output.name
     consumers = list(sch.get_consumers(block))
 
     writer = block
-    if reduce:
+    if wb is not None:
+        # Partial sums (the rf buffer: lanes per output element) accumulate across the reduce loops;
+        # the write-back folds the lanes per top-tile row into a local copy that takes the epilogues.
+        if acc_at is not None:
+            consumers = list(sch.get_consumers(wb))
+            sch.reverse_compute_at(wb, acc_at)
+            writer = sch.cache_write(wb, 0, "local")
+            for c in consumers:
+                _try(sch.reverse_compute_inline, c)
+            sch.reverse_compute_at(writer, acc_at)
+            _vectorize_inner(sch, writer, lanes)
+        else:
+            writer = wb
+    elif reduce:
         if acc_at is not None:
             writer = sch.cache_write(block, 0, "local")
             for c in consumers:  # fold elementwise epilogues into the write-back
@@ -267,10 +327,47 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
             sch.unroll(a.levels[0])
     if grid is not None and _loop_extent(sch, grid) > 1:
         sch.parallel(grid)
+    if lane is not None:
+        sch.vectorize(lane)
+        if any(extents[rvec.name] % size for size in rvec.sizes):
+            # An overhanging tile predicates every lane, and TVM scalarizes a predicated vector loop:
+            # ask lowering to split the predicated last iterations off, so the others stay vectors.
+            for lp in [rvec.grid] + rvec.levels:
+                if lp is not None:
+                    sch.annotate(lp, "pragma_loop_partition_hint", 1)
     if reduce:
         # the init goes right below the accumulator: annotate loops first, decompose last
         sch.decompose_reduction(block, order[first_reduce])
+    if wb is not None:
+        # the write-back's own loops start below the accumulator's loop: its init goes above them all
+        sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0])
     return sch
+
+
+def _rfactor_applies(rvec: _AxisLoops, reduce: list[_AxisLoops], lanes: int) -> bool:
+    """Whether the reg loop of the reduce vector axis can give whole vectors of partial sums.
+
+    It needs a reg tile that is a multiple of the vector (narrower tiles, e.g. a clamped N < lanes, stay
+    scalar) and some other reduce loop to accumulate across (else the lanes would hold single products).
+    Overhanging tiles are fine: the first reg tile along the axis is always inside the extent (sizes
+    are clamped to it), so every lane's accumulator is initialised, and later lanes are predicated.
+    """
+    reg = rvec.sizes[0]
+    if rvec.levels[0] is None or reg % lanes:
+        return False
+    others = [lp for a in reduce for lp in [a.grid] + a.levels[(1 if a is rvec else 0):] if lp is not None]
+    return reg > lanes or bool(others)
+
+
+def _try_rfactor(sch, lane, factor_axis: int):
+    """rfactor on the lane loop (lanes last in the rf buffer, so a vector is contiguous); None if TVM
+    says the block's reducer does not allow it (the schedule is then unchanged)."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    try:
+        return sch.rfactor(lane, factor_axis=factor_axis)
+    except ScheduleError:
+        return None
 
 
 def _vectorize_inner(sch, block, lanes: int) -> None:
@@ -279,6 +376,10 @@ def _vectorize_inner(sch, block, lanes: int) -> None:
     if not loops:
         return
     inner = loops[-1]
+    if len(sch.get_child_blocks(inner)) != 1:
+        # the block has no loop of its own here (e.g. a one-row write-back computed at the accumulator's
+        # loop): its innermost loop also runs the reduction, which must not be vectorized
+        return
     ext = sch.get(inner).extent
     if not isinstance(ext, int) and not hasattr(ext, "value"):
         return
