@@ -14,6 +14,13 @@ from .errors import RollerError
 EXIT_ERROR = 2
 
 
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
 def _fmt_seconds(s: float | None) -> str:
     if s is None:
         return "-"
@@ -81,7 +88,7 @@ def cmd_devices(args) -> int:
         print(f"  units: {u['count']}, peak GFLOP/s per unit: {peaks} "
               f"[{'calibrated' if d['calibrated'] else 'datasheet'}]")
         for lv in d["levels"]:
-            print(f"  {lv['name']:>5}: {lv['capacity_bytes'] // 1024} KiB {'shared' if lv['shared'] else 'per unit'}, "
+            print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {'shared' if lv['shared'] else 'per unit'}, "
                   f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
         print(f"  source: {d['source']}")
     return 0
