@@ -13,9 +13,19 @@ KINDS = ("cpu",)
 
 
 def schedule(func, expr: Expr, program: RProgram, device: Device):
-    """The ``tvm.s_tir.Schedule`` of ``func`` that follows ``program`` on ``device``."""
+    """The ``tvm.s_tir.Schedule`` of ``func`` that follows ``program`` on ``device``.
+
+    Where a top tile overhangs an axis, the main block is first padded to whole tiles
+    (``padding.pad_to_tiles``): the schedule then computes zero-padded copies of the inputs and crops
+    the output instead of predicating the inner loops. Functions it cannot pad keep the predicates.
+    """
     if device.kind == "cpu":
         from .cpu import schedule_cpu
+        from .padding import pad_to_tiles
+
+        padded = pad_to_tiles(func, expr, program)
+        if padded is not None:
+            func, expr, program = padded.func, padded.expr, padded.program
         return schedule_cpu(func, expr, program, device)
     raise BuildError(f"device {device.name!r} is of kind {device.kind!r}: roller generates code for "
                      f"{', '.join(KINDS)} only; use a CPU device spec")
