@@ -18,7 +18,7 @@ from typing import Mapping
 from .device import Device
 from .errors import UnsupportedExpressionError
 from .expr import REDUCE, Expr
-from .model import Estimate, estimate
+from .model import Estimate, estimate, rank
 from .rprogram import RProgram
 from .rtile import (LevelRules, axis_step, ceil_div, footprint, level_footprints, next_aligned, packing,
                     tile_counts, traffic)
@@ -187,7 +187,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProg
             more = _plans(expr, device, epsilon, b)
             plans += more
             ests += [estimate(expr, p, device) for p in more]
-    ranked = sorted(zip(ests, range(len(plans))), key=lambda x: (x[0].rank_key, x[1]))
+    ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
     seen, out = set(), []
     for est, i in ranked:
         prog = _program(expr, plans[i], device, epsilon, est)
@@ -216,7 +216,7 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
         raise UnsupportedExpressionError(
             f"{expr.name}: no tile fits the device {device.name!r} (even with {EPSILON_STEPS[-1]:.0%} padding); "
             f"the tensors' smallest tiles exceed the level capacities")
-    best.sort(key=lambda p: (p.predicted_seconds, sum(p.memory_seconds.values())))
+    best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds)
     return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
                         seconds=time.perf_counter() - t0, considered=len(best))
 

@@ -35,10 +35,22 @@ class Estimate:
     units: int = 1
     waves: int = 1
 
-    @property
-    def rank_key(self) -> tuple[float, float]:
-        """Sort key: predicted time, then total memory time (less traffic wins a tie of compute-bound plans)."""
-        return (self.seconds, sum(self.memory_seconds.values()))
+TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
+
+
+def rank(items: Sequence, seconds, memory_seconds) -> list:
+    """``items`` best first by the model: the fastest prediction, except that among predictions within
+    TIE of it the plan with the least total memory time (traffic over bandwidth, summed over levels)
+    goes first. ``seconds(item)`` and ``memory_seconds(item)`` (level -> seconds) read an item."""
+    remaining = sorted(items, key=seconds)
+    out = []
+    while remaining:
+        bound = seconds(remaining[0]) * TIE
+        tied = [x for x in remaining if seconds(x) <= bound]
+        pick = min(tied, key=lambda x: sum(memory_seconds(x).values()))
+        out.append(pick)
+        remaining.remove(pick)
+    return out
 
 
 def data_source(expr: Expr, device: Device) -> MemoryLevel:

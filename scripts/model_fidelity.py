@@ -59,6 +59,7 @@ def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
     from roller import ops
     from roller.api import analyze
     from roller.construct import construct, sample_programs
+    from roller.model import rank
     from roller.profile import profile
 
     spec = ops.OPS[op]
@@ -79,7 +80,7 @@ def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
     pred = [p.predicted_seconds for p, _ in rows]
     meas = [m for _, m in rows]
     # the model's first choice: the constructor's order (prediction, then its tie-break) over all candidates
-    first = min(range(len(rows)), key=lambda i: (rows[i][0].predicted_seconds, sum(rows[i][0].memory_seconds.values())))
+    first = rank(range(len(rows)), lambda i: rows[i][0].predicted_seconds, lambda i: rows[i][0].memory_seconds)[0]
     best = min(meas)
     return {
         "op": op, "shape": full, "candidates": len(cands), "measured": len(rows),
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="print the model's first plan and the measured best")
+    ap.add_argument("--dump", metavar="FILE", help="write every candidate (plan, predicted, measured) as JSON")
     args = ap.parse_args(argv)
 
     from roller.device import load_device
@@ -126,6 +128,12 @@ def main(argv=None) -> int:
     pooled = np.mean([r["spearman"] for r in results])
     print(f"mean Spearman {pooled:.2f} (target >= 0.7); model's top-1 within 15% of the measured best on "
           f"{within}/{len(results)} shapes (target >= 80%); {time.perf_counter() - t0:.0f} s")
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump([{"op": r["op"], "shape": r["shape"],
+                        "candidates": [{"program": p.to_dict(), "predicted": pr, "measured": m}
+                                       for p, pr, m in zip(r["progs"], r["pred"], r["meas"])]}
+                       for r in results], f)
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k not in ("pred", "meas", "model_first", "measured_best", "progs")}
                           for r in results]))

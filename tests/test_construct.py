@@ -127,3 +127,12 @@ def test_accumulator_efficiency_counts_independent_vectors():
     slow = estimate(e, [{"i": 1, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
     fast = estimate(e, [{"i": 4, "j": 64, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
     assert slow.compute_seconds == pytest.approx(8 * fast.compute_seconds)
+
+
+def test_rank_ties_near_predictions_and_prefers_less_memory_time():
+    from roller.model import rank
+    plans = [("tight", 0.999, {"reg": 0.9, "L1": 0.1}), ("slack", 1.000, {"reg": 0.5, "L1": 0.2}),
+             ("slow", 1.10, {"reg": 0.1}), ("fast", 0.90, {"reg": 2.0})]
+    order = rank(plans, lambda p: p[1], lambda p: p[2])
+    # 0.90 is clearly fastest; 0.999 and 1.000 tie (within 2%) and the one with less memory time goes first
+    assert [p[0] for p in order] == ["fast", "slack", "tight", "slow"]
