@@ -34,6 +34,8 @@ TOLERANCE = {
 }
 TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in total
 REPEATS = 3
+FINALISTS = 3      # candidates re-timed with REPEATS repeats after a one-repeat screen of all
+FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the best
 
 
 @dataclass
@@ -168,12 +170,26 @@ def _main_module_hidden():
             main.__dict__[k] = v
 
 
-def _new_pool(workers: int) -> ProcessPoolExecutor:
+def _context():
     # forkserver: workers fork from a clean server process (never from a caller that already runs TVM
     # threads) that imported TVM once, so a worker starts in milliseconds instead of a second or more.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["tvm", "roller.codegen", "roller.profile"])
-    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    return ctx
+
+
+def warm_up() -> None:
+    """Starts the build server now (it imports TVM, ~1 s) so that it is ready when profile() needs it;
+    callers do this before their own analysis and construction to overlap the two."""
+    from multiprocessing import forkserver
+
+    _context()
+    with _main_module_hidden():
+        forkserver.ensure_running()
+
+
+def _new_pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=workers, mp_context=_context())
 
 
 def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
@@ -238,15 +254,28 @@ def _fill_sentinel(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _time(mod, dev, args) -> float:
-    """Median seconds of one call over REPEATS repeats of ~TARGET_MEASURE_SECONDS each."""
+def _time(mod, dev, args, repeats: int = REPEATS) -> float:
+    """Median seconds of one call over ``repeats`` repeats of ~TARGET_MEASURE_SECONDS each."""
     t0 = time.perf_counter()
     mod["main"](*args)
     dev.sync()
     once = max(time.perf_counter() - t0, 1e-7)
     number = max(1, min(1000, math.ceil(TARGET_MEASURE_SECONDS / once)))
-    ev = mod.time_evaluator("main", dev, number=number, repeat=REPEATS)
+    ev = mod.time_evaluator("main", dev, number=number, repeat=repeats)
     return float(np.median(ev(*args).results))
+
+
+def _time_all(modules: dict, dev, args) -> dict[int, float]:
+    """Seconds per candidate: one repeat each screens them all, then the few close to the best are
+    timed again with REPEATS repeats (the median decides), which halves the time spent timing."""
+    screen = {i: _time(mod, dev, args, repeats=1) for i, mod in modules.items()}
+    if not screen:
+        return screen
+    best = min(screen.values())
+    close = sorted((i for i in screen if screen[i] <= best * FINALIST_RATIO), key=screen.get)[:FINALISTS]
+    for i in close:
+        screen[i] = _time(modules[i], dev, args)
+    return screen
 
 
 def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inputs: Sequence[np.ndarray],
@@ -328,8 +357,8 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
             c.verified = True
             modules[i] = mod
         if time_kernels:
-            for i, mod in modules.items():
-                cands[i].measured_seconds = _time(mod, dev, args_in + [out_tvm])
+            for i, secs in _time_all(modules, dev, args_in + [out_tvm]).items():
+                cands[i].measured_seconds = secs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
