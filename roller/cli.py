@@ -24,6 +24,8 @@ def _fmt_bytes(n: int) -> str:
 def _fmt_seconds(s: float | None) -> str:
     if s is None:
         return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.2f} us"
     return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.2f} s"
 
 
