@@ -122,9 +122,7 @@ def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = []
     for p in list(func.params)[:-1]:
-        buf = func.buffer_map[p] if hasattr(func, "buffer_map") and p in getattr(func, "buffer_map", {}) else p
-        shape = tuple(int(s) for s in buf.shape)
-        dtype = str(buf.dtype)
+        shape, dtype = tuple(int(s) for s in p.shape), str(p.dtype)
         if "float" in dtype:
             arrays.append(rng.uniform(-1, 1, shape).astype(dtype))
         else:

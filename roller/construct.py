@@ -201,7 +201,7 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     """The top-``topk`` plans for ``expr`` on ``device``; epsilon grows only while fewer than topk exist."""
     if topk < 1:
         raise ValueError("topk must be at least 1")
-    if device.kind != "cpu" and not device.private_levels:
+    if not device.private_levels:
         raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
     t0 = time.perf_counter()
     best: list[RProgram] = []
