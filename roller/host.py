@@ -13,6 +13,11 @@ from .errors import DeviceSpecError
 
 _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
+# CPU flags (/proc/cpuinfo) whose LLVM feature the CPU name LLVM detects may lack (a VM can report an
+# older model than the features it has): passed as the target's mattr so the code uses them.
+_LLVM_FEATURES = {"avx512_fp16": "+avx512fp16", "avx512_bf16": "+avx512bf16", "avx512_vnni": "+avx512vnni",
+                  "avx_vnni": "+avxvnni"}
+
 
 def cpu_count() -> int:
     """Cores this process may run on (affinity mask, not the machine's total)."""
@@ -108,8 +113,12 @@ def host_device() -> Device:
         levels.append(lv)
     model = info.get("model name", "unknown cpu")
     ident = repr((model, base_name, cores, sorted((k, v["size"]) for k, v in caches.items())))
+    target = dict(base.target)
+    mattr = sorted(feat for flag, feat in _LLVM_FEATURES.items() if flag in flags)
+    if mattr:
+        target["mattr"] = mattr
     return dataclasses.replace(
-        base, name="host", units=units, levels=tuple(levels),
+        base, name="host", units=units, levels=tuple(levels), target=target,
         description=f"{model}, {cores} cores, base spec {base_name}",
         source=f"host (detected, base {specs[base_name]})",
         fingerprint=hashlib.sha256(ident.encode()).hexdigest()[:12])
