@@ -89,7 +89,6 @@ def analyze(func, name: str | None = None) -> Analysis:
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(root)}
     if main_name is None:
         main_name = _main_without_reduction(sch, blocks, ctx)
-    main_rv = blocks[main_name]
     producers, epilogue = _classify_rest(sch, blocks, main_name, ctx)
 
     expr, accumulator = _describe(sch, blocks, main_name, epilogue, inlined, ctx, name)

@@ -4,7 +4,7 @@
     dev = roller.load_device()                      # this machine (or a name / a YAML path)
     plans = roller.construct(roller.ops.matmul(1024, 1024, 1024), dev)   # plain data, no build
     result = roller.build_op("matmul", {"M": 1024, "N": 1024, "K": 1024})  # profiled, verified kernel
-    result.report                                    # the JSON report (see Report.to_dict)
+    result.report                                    # the report, as printed by roller build --json
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from .construct import Construction, construct as _construct
 from .device import Device, load_device
-from .errors import InvalidShapeError
+from .errors import BuildError, InvalidShapeError
 from .expr import Expr, fuse_axes
 from .rprogram import RProgram
 
@@ -53,7 +53,8 @@ class BuildResult:
     profile: Any = field(default=None, repr=False)
 
     def save(self, directory) -> dict[str, str]:
-        """Writes the kernel library and report.json into ``directory``; returns their paths."""
+        """Writes ``<op>.so`` (the kernel library) and ``<op>.json`` (the report) into ``directory``;
+        returns their paths."""
         from .output import save_build
         return save_build(self, directory)
 
@@ -71,8 +72,12 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     from .profile import profile as _profile, warm_up
 
     t0 = time.perf_counter()
-    warm_up()
     dev = _device(device)
+    from .codegen import KINDS
+    if dev.kind not in KINDS:
+        raise BuildError(f"device {dev.name!r} is of kind {dev.kind!r}: roller generates code for "
+                         f"{', '.join(KINDS)} only so far; construct() still plans for it")
+    warm_up()
     expr, norm = analyze(func)
     cons = _construct(expr, dev, topk if profile else 1)
     programs = list(cons.programs if profile else cons.programs[:1])

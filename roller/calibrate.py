@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .device import Device
+from .output import atomic_write_bytes
 from .errors import CalibrationError, RollerError
 
 SCHEMA = 1
@@ -133,16 +134,7 @@ def save_calibration(device: Device, data: Mapping, path: str | os.PathLike | No
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock", timeout=60):
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write_bytes(target, text.encode())
     except Timeout:
         raise CalibrationError(f"{target}: another process holds {target}.lock for over 60 s; "
                                f"wait for it or delete the lock file") from None

@@ -29,7 +29,7 @@ def _fmt_seconds(s: float | None) -> str:
     return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _print_build(report: dict, result) -> None:
+def _print_build(report: dict, saved: dict | None) -> None:
     chosen = report["candidates"][report["chosen"]]
     shape = ",".join(f"{k}={v}" for k, v in report["shape"].items())
     cal = "calibrated" if report.get("device_calibrated") else "datasheet figures (run `roller calibrate`)"
@@ -47,21 +47,24 @@ def _print_build(report: dict, result) -> None:
     n_ok = sum(1 for c in report["candidates"] if c["verified"])
     print(f"{len(report['candidates'])} candidates ({n_ok} verified), chose #{report['chosen']}; "
           f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
-    if result is not None and getattr(result, "saved", None):
-        print(f"wrote {result.saved['library']} and {result.saved['report']}")
+    if saved:
+        print(f"wrote {saved['library']} and {saved['report']}")
 
 
 def cmd_build(args) -> int:
     from . import api, ops
+    from .output import check_out_dir
 
     shape = ops.parse_shape(args.op, args.shape)
+    if args.out:
+        check_out_dir(args.out)  # fail before the build, not after it
     result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
                           progress=not args.json and sys.stderr.isatty())
-    result.saved = result.save(args.out) if args.out else None
+    saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
     else:
-        _print_build(result.report, result)
+        _print_build(result.report, saved)
     return 0
 
 
@@ -121,12 +124,8 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
 
-    try:
-        from .calibrate import register_cli
-    except ImportError:
-        pass
-    else:
-        register_cli(sub)
+    from .calibrate import register_cli
+    register_cli(sub)
     return p
 
 
@@ -140,6 +139,8 @@ def main(argv=None) -> int:
     except RollerError as e:
         if args.debug:
             traceback.print_exc()
+            if getattr(e, "details", ""):
+                print(e.details, file=sys.stderr)
         print(f"roller: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

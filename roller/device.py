@@ -399,10 +399,7 @@ def load_device(spec: str | os.PathLike | None = None, calibrated: bool = True) 
     if not dev.fingerprint:
         dev = dataclasses.replace(dev, fingerprint=spec_fingerprint(dev))
     if calibrated:
-        try:
-            from . import calibrate
-        except ImportError:  # calibration module absent: datasheet figures only
-            return dev
+        from . import calibrate
         found = calibrate.load_calibration(dev)
         if found is not None:
             dev = dev.with_calibration(found)

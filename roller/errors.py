@@ -18,7 +18,11 @@ class InvalidShapeError(RollerError):
 
 
 class BuildError(RollerError):
-    """No candidate kernel could be built, verified and timed."""
+    """No candidate kernel could be built, verified and timed. ``details`` holds one line per candidate."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 class CalibrationError(RollerError):

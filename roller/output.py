@@ -6,18 +6,40 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import RollerError
+
+
+class OutputError(RollerError):
+    """An output folder or file cannot be written."""
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temp file in the same folder and an atomic rename."""
+    """Writes ``data`` to ``path`` through a synced temp file in the same folder and an atomic rename:
+    readers see the old file or the whole new one, never a part."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_out_dir(directory) -> Path:
+    """Creates the output folder if needed; OutputError if it is a file or cannot be written."""
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot create the folder ({e.strerror or e}); give a writable folder") from None
+    if not os.access(out, os.W_OK):
+        raise OutputError(f"--out {out}: the folder is not writable; give a writable folder")
+    return out
 
 
 def save_build(result, directory) -> dict[str, str]:

@@ -303,6 +303,11 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     if len(outs) != 1:
         raise BuildError(f"profile: expected one output parameter after the {len(inputs)} inputs, got {len(outs)}")
     out_shape, out_dtype = outs[0]
+    for p, a in zip(func.params, inputs):
+        want = (tuple(int(d) for d in p.shape), str(p.dtype))
+        if (tuple(np.shape(a)), str(np.asarray(a).dtype)) != want:
+            raise BuildError(f"profile: input {p.name} must be an array of shape {want[0]} and dtype {want[1]}, "
+                             f"got shape {tuple(np.shape(a))} and dtype {np.asarray(a).dtype}")
     rt, at = TOLERANCE.get(out_dtype, (0.0, 0.0))
     rtol = rt if rtol is None else rtol
     atol = at if atol is None else atol
@@ -318,15 +323,18 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         if reference is None:
             jobs.append((-1, None))  # the unscheduled function gives the reference
         built = _build_all(func.script(), expr, jobs, device, tmp, _worker_hook, bar)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
         if bar is not None:
             bar.close()
 
-    dev = tvm.cpu(0)
-    args_in = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    out_np = np.empty(out_shape, dtype=out_dtype)
-    out_tvm = tvm.runtime.tensor(_fill_sentinel(out_np), dev)
     try:
+        dev = tvm.cpu(0)
+        args_in = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+        out_np = np.empty(out_shape, dtype=out_dtype)
+        out_tvm = tvm.runtime.tensor(_fill_sentinel(out_np), dev)
         if reference is None:
             path, _, err = built[-1]
             if path is None:
@@ -366,8 +374,9 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     timed = [c for c in cands if c.verified and (c.measured_seconds is not None or not time_kernels)]
     if not timed:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise BuildError(f"profile {expr.name}: none of the {len(cands)} candidates built and verified:\n"
-                         + "\n".join(c.summary() for c in cands))
+        raise BuildError(f"profile {expr.name}: none of the {len(cands)} candidates built and verified "
+                         f"(first: {cands[0].summary()}; all of them with --debug)",
+                         details="\n".join(c.summary() for c in cands))
     best = min(timed, key=lambda c: c.measured_seconds) if time_kernels else timed[0]
     # keep only the best library; the rest of the temp dir goes now
     keep = tempfile.mkdtemp(prefix="roller-kernel-")

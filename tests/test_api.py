@@ -89,3 +89,19 @@ def test_script_without_main_guard_builds(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "verified True 2"
     assert "died" not in proc.stderr
+
+
+def test_wrong_input_arrays_and_device_kind_are_clear_errors(tmp_path):
+    from roller.errors import BuildError
+    with pytest.raises(BuildError, match=r"input A must be an array of shape \(8, 8\) and dtype float32"):
+        roller.build(ops.matmul(8, 8, 8), topk=1, inputs=[np.zeros((4, 4), "float32"), np.zeros((8, 8), "float32")])
+    import yaml
+    spec = yaml.safe_load((roller.device.spec_dir() / "x86-avx512.yaml").read_text())
+    spec.update(name="somegpu", kind="gpu", target={"kind": "cuda"})
+    spec["units"].pop("vector_bytes")
+    spec["units"]["warp_threads"] = 32
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(BuildError, match="of kind 'gpu'"):
+        roller.build(ops.matmul(8, 8, 8), device=str(path))
+    assert roller.construct(ops.matmul(8, 8, 8), str(path), topk=1).programs  # the policy still plans

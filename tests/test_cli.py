@@ -87,3 +87,10 @@ def test_console_script_human_output():
                            "--no-profile"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "chosen rTiles" in proc.stdout and "verified against numpy: yes" in proc.stdout
+
+
+def test_out_that_is_a_file_fails_before_building(capsys, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, out, err = run(capsys, "build", "matmul", "--shape", "M=4,N=4,K=4", "--out", str(f / "sub"))
+    assert code != 0 and err.startswith("roller: error: --out") and err.count("\n") == 1

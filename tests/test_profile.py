@@ -88,6 +88,7 @@ def test_wrong_kernels_are_never_chosen(setup):
     func, expr, ins, ref, dev = setup
     with pytest.raises(BuildError) as info:
         profile(func, expr, good(expr) + [broken(expr)], dev, ins, ref + 1.0, progress=False)
-    msg = str(info.value)
+    assert "\n" not in str(info.value) and "none of the 3 candidates" in str(info.value)
+    msg = info.value.details
     assert msg.count("candidate ") == 3
     assert msg.count("wrong result") == 2 and "multiple" in msg
