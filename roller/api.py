@@ -152,8 +152,5 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
     reference = spec.reference(inputs, full)
     result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
                    progress=progress, name=op, shape=full)
-    kernel_s = result.report["kernel_seconds"]
-    flops = spec.flops(full)
-    result.report["gflops"] = flops / kernel_s / 1e9 if kernel_s else None
     return result
 

@@ -3,8 +3,9 @@
 Scale-up (DESIGN.md, the paper's Figure 8): at the level nearest compute, start from the smallest
 aligned tile and grow it along the axis with the best data-reuse score until the next step would not
 fit the level or no step saves traffic; the tile becomes the seed of the next level. A few tiles per
-level go on (the greedy end, the first tile that is compute bound, the steps just before the end), so
-the levels multiply into a small set of plans. Scale-out: the top tiles' grid spreads over the units
+level go on (the greedy end, then the ends of the same growth with one axis held at the seed, then the
+first compute-bound tile and the step before the end, up to BRANCH), so the levels multiply into a
+small set of plans. Scale-out: the top tiles' grid spreads over the units
 in waves; a plan with fewer tiles than units is rebuilt with one spatial axis bounded ("shrink").
 Plans are ranked with roller.model; epsilon (the allowed padding waste) grows only when too few exist.
 """
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .device import Device
-from .errors import UnsupportedExpressionError
+from .errors import InvalidShapeError, UnsupportedExpressionError
 from .expr import REDUCE, Expr
 from .model import Estimate, estimate, rank
 from .rprogram import RProgram
-from .rtile import (LevelRules, axis_step, ceil_div, footprint, level_footprints, next_aligned, packing,
-                    tile_counts, traffic)
+from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, footprint, level_footprints, next_aligned,
+                    packing, reuse_score, tile_counts, traffic)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -35,7 +36,6 @@ class Construction:
     programs: tuple[RProgram, ...]
     epsilon: float
     seconds: float
-    considered: int
 
 
 def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: float) -> dict[str, int] | None:
@@ -62,9 +62,10 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
     ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
 
-    Returns up to BRANCH distinct tiles, best first: the greedy end, the first compute-bound tile on the
-    way, and the steps before the end. ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids
-    steps that would leave fewer spatial tiles than that (scale-out needs tiles for every unit).
+    Returns up to BRANCH distinct tiles in this order: the greedy end, the greedy ends with one axis held
+    at the seed (least traffic first), the first compute-bound tile on the way, the step before the end.
+    ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids steps that would leave fewer spatial
+    tiles than that (scale-out needs tiles for every unit).
     The score of a step also counts what it saves the level below: a longer reduction here means fewer
     reloads of the child's output tile.
     """
@@ -90,7 +91,6 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
             if first_bound is None and _compute_bound(expr, tile, rules, device, source.bandwidth_gbps):
                 first_bound = tile
             best = fallback = None
-            f_tile = footprint(expr, tile, rules)
             for a in expr.axes:
                 if a.name == frozen:
                     continue
@@ -103,11 +103,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                     continue
                 if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
                     continue
-                dq = traffic(expr, tile, rules) - traffic(expr, grown, rules)
-                if child_rules is not None:
-                    dq += traffic(expr, seed, child_rules, tile) - traffic(expr, seed, child_rules, grown)
-                df = f_grown - f_tile
-                score = dq / df if df > 0 else (math.inf if dq > 0 else 0.0)
+                score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules)
                 if score > 0 and (best is None or score > best[0]):
                     best = (score, grown)
                 elif score == 0 and a.kind != REDUCE:
@@ -200,7 +196,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProg
 def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     """The top-``topk`` plans for ``expr`` on ``device``; epsilon grows only while fewer than topk exist."""
     if topk < 1:
-        raise ValueError("topk must be at least 1")
+        raise InvalidShapeError(f"topk must be at least 1, got {topk}")
     if not device.private_levels:
         raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
     t0 = time.perf_counter()
@@ -218,7 +214,7 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
             f"the tensors' smallest tiles exceed the level capacities")
     best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds)
     return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
-                        seconds=time.perf_counter() - t0, considered=len(best))
+                        seconds=time.perf_counter() - t0)
 
 
 def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsilon: float = 0.0,
@@ -241,10 +237,7 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
             tile = {}
             for a in expr.axes:
-                sizes, cur = [], 0
-                while (cur := next_aligned(a.extent, cur, axis_step(expr, a.name, rules),
-                                           lower.get(a.name, 1), epsilon, limit)) is not None:
-                    sizes.append(cur)
+                sizes = aligned_sizes(a.extent, axis_step(expr, a.name, rules), lower.get(a.name, 1), epsilon, limit)
                 if not sizes:
                     ok = False
                     break

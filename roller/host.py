@@ -70,11 +70,11 @@ def sysfs_caches(root: Path = _SYSFS_CACHE) -> dict[str, dict]:
 
 
 def _clock_ghz(info: dict[str, str]) -> float | None:
-    for p in ("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",):
-        try:
-            return int(Path(p).read_text()) / 1e6
-        except (OSError, ValueError):
-            pass
+    """The highest clock the kernel reports (cpufreq), else the nominal one of /proc/cpuinfo."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+    except (OSError, ValueError):
+        pass
     try:
         return float(info["cpu MHz"]) / 1000.0
     except (KeyError, ValueError):

@@ -198,9 +198,16 @@ def aligned_sizes(extent: int, step: int, lower: int, epsilon: float, limit: int
     return out
 
 
-def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], rules: LevelRules) -> float:
-    """S_i = (Q(T) - Q(T')) / (F(T') - F(T)): traffic saved per byte of extra footprint."""
+def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], rules: LevelRules,
+                child: Mapping[str, int] | None = None, child_rules: LevelRules | None = None) -> float:
+    """S_i = (Q(T) - Q(T')) / (F(T') - F(T)): traffic saved per byte of extra footprint.
+
+    With the tile of the level below (``child`` and its rules), the saving also counts that level's
+    traffic: a longer reduction here reloads the child's output tile fewer times.
+    """
     dq = traffic(expr, tile, rules) - traffic(expr, grown, rules)
+    if child is not None and child_rules is not None:
+        dq += traffic(expr, child, child_rules, tile) - traffic(expr, child, child_rules, grown)
     df = footprint(expr, grown, rules) - footprint(expr, tile, rules)
     if df <= 0:
         return math.inf if dq > 0 else 0.0
