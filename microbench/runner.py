@@ -23,9 +23,9 @@ from . import kernels as K
 
 SKIP_BF16 = ("x86 has no bfloat16 FMA (only vdpbf16ps dot products into float32, and AMX tiles); "
              "TVM computes bfloat16 arithmetic through float32")
-# LLVM feature that gives a native vector FMA for each dtype beyond float32/float64.
 # All units together below this fraction of units × one unit: other processes held cores.
 SCALING_OK = 0.7
+# LLVM feature that gives a native vector FMA for each dtype beyond float32/float64.
 NATIVE_FEATURE = {"float16": "avx512fp16", "int8": "avx512vnni"}
 
 

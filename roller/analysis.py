@@ -13,8 +13,9 @@
 
 The Expr describes the fused operator: its axes are the main block's iter vars, its inputs every buffer
 the main block reads plus the epilogue's extra inputs (a bias), and its output the function's output
-(the epilogue's buffer when there is one, the main block's otherwise). ``Analysis`` names the blocks
-and the intermediate buffer so code generation can find them in ``Analysis.func``.
+(the epilogue's buffer when there is one, the main block's otherwise); ``Expr.block`` names the main
+block in ``Analysis.func``, which is all code generation needs. ``Analysis`` also records the other
+blocks and the intermediate buffer, for reports and tests.
 
 Axis fusion is not applied here (it is ``roller.expr.fuse_axes``, the policy's choice).
 """

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from .device import Device
 from .output import atomic_write_bytes
-from .errors import CalibrationError, RollerError
+from .errors import CalibrationError
 
 SCHEMA = 1
 CACHE_ENV = "ROLLER_CACHE_DIR"
@@ -282,7 +282,7 @@ def run_calibration(device: Device, quick: bool = False, progress: bool = True) 
     """Measures ``device`` (this machine) and returns the calibration dict; does not save it.
 
     Peaks per dtype on one unit and all units, read/write/read+write bandwidth at each level's
-    working set and over a sweep, the small-transfer cost. About 30 s (``quick``: about 8 s).
+    working set and over a sweep, the small-transfer cost. About 25 s here (``quick``: about 10 s).
     """
     from microbench.plan import make_plan
 
@@ -375,22 +375,16 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
                    help="'host' (default), a shipped spec name or a YAML spec describing this machine")
     p.add_argument("--out", default=None, metavar="PATH", help="write the calibration here instead of the cache")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (under 15 s)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about 10 s instead of 25 s)")
     p.set_defaults(func=cmd_calibrate)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m roller.calibrate [options]``: the calibrate subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="roller")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register_cli(sub)
-    args = parser.parse_args(["calibrate", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except RollerError as e:
-        print(f"roller calibrate: error: {e}", file=sys.stderr)
-        return 1
+    """``python -m roller.calibrate [options]``: the same as ``roller calibrate [options]``."""
+    from .cli import main as cli_main
+
+    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def test_sanity_warnings_name_the_odd_figures(spec):
 
 
 def test_cli_errors_are_one_line(capsys):
-    assert C.main(["--device", "no-such-device", "--quick"]) == 1
+    assert C.main(["--device", "no-such-device", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown device 'no-such-device'" in err[0]
 
