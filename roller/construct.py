@@ -11,7 +11,6 @@ Plans are ranked with roller.model; epsilon (the allowed padding waste) grows on
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -22,7 +21,7 @@ from .expr import REDUCE, Expr
 from .model import Estimate, estimate, rank
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, footprint, level_footprints, next_aligned,
-                    packing, reuse_score, tile_counts, traffic)
+                    packing, packing_bytes, reuse_score, tile_counts, traffic)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -99,6 +98,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                     continue
                 grown = {**tile, a.name: nxt}
                 f_grown = footprint(expr, grown, rules)
+                if top and below_tiles:
+                    f_grown += packing_bytes(expr, list(below_tiles) + [grown], device)
                 if f_grown > rules.capacity:
                     continue
                 if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
@@ -136,10 +137,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
     packed, pads = packing(expr, tiles, device)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
-    top_level = device.private_levels[-1].name
-    for t in expr.inputs:
-        if t.name in pads:  # the padding is room the packed copy takes at the top level
-            foot[top_level] += math.prod(t.region(tiles[-1])[:-1]) * pads[t.name] * t.elem_bytes
+    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device)
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
         units=est.units, waves=est.waves, vector_axis=expr.vector_axis, packed=packed, storage_pad=pads,

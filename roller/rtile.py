@@ -240,3 +240,19 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> tuple
         if pad:
             pads[t.name] = max(1, pad // t.elem_bytes)
     return tuple(packed), pads
+
+
+def packing_bytes(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> int:
+    """Extra bytes the top level holds for the plan's packed inputs: the copy streams each packed region
+    through the level next to its packed buffer (so it counts twice), plus the buffer's row padding."""
+    if len(tiles) < 2:
+        return 0
+    packed, pads = packing(expr, tiles, device)
+    rules = LevelRules.of(device, len(tiles) - 1, expr)
+    extra = 0
+    for t in expr.inputs:
+        if t.name in packed:
+            region = t.region(tiles[-1])
+            extra += tensor_footprint(t, tiles[-1], rules)
+            extra += math.prod(region[:-1]) * pads.get(t.name, 0) * t.elem_bytes
+    return extra

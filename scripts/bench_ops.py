@@ -9,7 +9,9 @@ use scripts/bench_matmul.py for the numpy GEMM comparison with those unset.
 
     python scripts/bench_ops.py [--rounds 5] [--ops matmul,conv2d,...]
 
-PyTorch is not a dependency of roller; without it the PyTorch column is skipped.
+PyTorch is not a dependency of roller; without it the PyTorch column is skipped. Uninstall it after
+benchmarking: with torch installed, `import tvm` imports it too (about 2.5 s more), which shows in every
+`roller build`'s wall time.
 """
 from __future__ import annotations
 

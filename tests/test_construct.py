@@ -136,3 +136,15 @@ def test_rank_ties_near_predictions_and_prefers_less_memory_time():
     order = rank(plans, lambda p: p[1], lambda p: p[2])
     # 0.90 is clearly fastest; 0.999 and 1.000 tie (within 2%) and the one with less memory time goes first
     assert [p[0] for p in order] == ["fast", "slack", "tight", "slow"]
+
+
+def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
+    from roller.rtile import packing, packing_bytes
+    e = matmul(1024, 1024, 1024)
+    tiles = [{"i": 4, "j": 64, "k": 1}, {"i": 32, "j": 64, "k": 32}, {"i": 256, "j": 256, "k": 256}]
+    # B's top region (256 x 256) has rows 1 KiB apart = 16 lines, a stride sharing a factor with the 64 L1
+    # sets, while the L1 tile reads 64 of each row's 256 floats: pad one line (16 floats) per row
+    assert packing(e, tiles, DEV) == (("B",), {"B": 16})
+    assert packing_bytes(e, tiles, DEV) == 256 * 1024 + 256 * 16 * 4
+    for p in construct(e, DEV, topk=10).programs:  # every plan fits its top level with the copy
+        assert p.footprint_bytes["L2"] <= DEV.level("L2").usable_bytes
