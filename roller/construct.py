@@ -75,7 +75,13 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     source = levels[index + 1] if not top else device.shared_levels[0]
     seed = below_tiles[-1] if below_tiles else {}
     tile = _first_tile(expr, rules, seed, eps)
-    if tile is None or footprint(expr, tile, rules) > rules.capacity:
+
+    def held(t: dict[str, int]) -> int:
+        """Bytes the tile holds at this level; at the top, with the copies of the inputs it packs."""
+        extra = packing_bytes(expr, list(below_tiles) + [t], device) if top and below_tiles else 0
+        return footprint(expr, t, rules) + extra
+
+    if tile is None or held(tile) > rules.capacity:
         return []
     child_rules = LevelRules.of(device, index - 1, expr) if below_tiles else None
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
@@ -97,10 +103,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                 if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
                     continue
                 grown = {**tile, a.name: nxt}
-                f_grown = footprint(expr, grown, rules)
-                if top and below_tiles:
-                    f_grown += packing_bytes(expr, list(below_tiles) + [grown], device)
-                if f_grown > rules.capacity:
+                if held(grown) > rules.capacity:
                     continue
                 if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
                     continue

@@ -34,6 +34,8 @@ def check_invariants(expr, prog: RProgram, dev=DEV):
     assert prog.units == min(dev.units.count, math.prod(prog.grid.values()))
     assert prog.waves == math.ceil(math.prod(prog.grid.values()) / dev.units.count)
     assert prog.predicted_seconds > 0
+    for lv in dev.private_levels:  # reported footprints (packed copies included) fit every level
+        assert prog.footprint_bytes[lv.name] <= lv.usable_bytes, (lv.name, prog.footprint_bytes)
 
 
 def test_matmul_1024_plans_are_aligned_nested_and_ranked():
