@@ -48,6 +48,21 @@ class RProgram:
         """Identity of the plan (tiles and packing), for de-duplication."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.packed)
 
+    def problem(self, axes: list[str]) -> str | None:
+        """Why the plan breaks the tile contract for an expression with these axis names, or None:
+        every level sizes every axis, with a positive multiple of the level below."""
+        for lv, tile in zip(self.levels, self.tiles):
+            missing = [a for a in axes if a not in tile]
+            if missing:
+                return (f"RProgram level {lv}: no tile size for axis(es) {missing}; "
+                        f"every level must size every axis ({axes})")
+        for a in axes:
+            sizes = [t[a] for t in self.tiles]
+            if any(s <= 0 for s in sizes) or any(hi % lo for lo, hi in zip(sizes, sizes[1:])):
+                return (f"RProgram axis {a}: tile sizes {sizes} (levels {list(self.levels)}) must be "
+                        f"positive and each a multiple of the previous level's")
+        return None
+
     def to_dict(self) -> dict:
         return {
             "levels": list(self.levels),

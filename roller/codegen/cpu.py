@@ -65,18 +65,9 @@ def clamp_tiles(extent: int, sizes: list[int]) -> tuple[int, ...]:
 
 
 def _check_program(expr: Expr, program: RProgram) -> None:
-    names = [a.name for a in expr.axes]
-    for lv, tile in zip(program.levels, program.tiles):
-        missing = [a for a in names if a not in tile]
-        if missing:
-            raise BuildError(f"RProgram level {lv}: no tile size for axis(es) {missing} of {expr.name}; "
-                             f"every level must size every axis ({names})")
-    for a in names:
-        sizes = [t[a] for t in program.tiles]
-        for lo, hi in zip(sizes, sizes[1:]):
-            if lo <= 0 or hi % lo:
-                raise BuildError(f"RProgram axis {a}: tile sizes {sizes} (levels {list(program.levels)}) must be "
-                                 f"positive and each a multiple of the previous level's")
+    problem = program.problem([a.name for a in expr.axes])
+    if problem:
+        raise BuildError(f"{problem} ({expr.name})")
 
 
 def _main_block(sch, expr: Expr):

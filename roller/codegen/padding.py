@@ -67,7 +67,7 @@ def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded | None:
     import tvm
     from tvm.s_tir.schedule.schedule import ScheduleError
 
-    if not _well_formed(expr, program):
+    if program.problem([a.name for a in expr.axes]):
         return None  # schedule_cpu reports what is wrong with the plan
     extents = padded_extents(expr, program)
     grown = [a for a in expr.axes if extents[a.name] != a.extent]
@@ -110,17 +110,6 @@ def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded | None:
         program, packed=tuple(renamed.get(n, n) for n in program.packed),
         storage_pad={renamed.get(n, n): v for n, v in program.storage_pad.items()})
     return Padded(func=padded, expr=new_expr, program=new_program, extents=extents)
-
-
-def _well_formed(expr: Expr, program: RProgram) -> bool:
-    """Every level sizes every axis with a positive multiple of the level below."""
-    for a in expr.axes:
-        if any(a.name not in t for t in program.tiles):
-            return False
-        sizes = [t[a.name] for t in program.tiles]
-        if any(lo <= 0 or hi % lo for lo, hi in zip(sizes, sizes[1:])) or sizes[0] <= 0:
-            return False
-    return True
 
 
 def _renamed_inputs(sch, block) -> dict[str, str]:
