@@ -1,20 +1,31 @@
 """How well does the micro model rank kernels? Predicted vs measured time over varied candidates.
 
-For each matmul and conv2d shape, the candidates are the constructor's top-K plus random valid plans
-(aligned, nested, fitting every level: ``roller.construct.sample_programs``), so that good and bad
-kernels are both present. Every candidate is built, checked against numpy and timed in this one process
-on the same buffers. Printed per shape and pooled: Spearman's rank correlation between predicted and
-measured time, and how far the model's first choice is from the measured best.
+For each shape (compute-bound GEMMs and convolutions, and irregular / memory-bound ones: odd channel
+counts, a strided convolution, a matrix-vector product, row sums, an elementwise op), the candidates are
+the constructor's top-K plus random valid plans (aligned, nested, fitting every level:
+``roller.construct.sample_programs``), so that good and bad kernels are both present. Every candidate is
+built in worker processes and checked against numpy (``roller.profile.profile`` without timing); the
+verified ones are built again here and every one of them is timed the same way: ``--rounds`` rounds
+over all candidates in turn, each a median of ``roller.profile.REPEATS`` repeats, on the same buffers,
+and the median over rounds is the candidate's time. Printed per shape and pooled: Spearman's rank
+correlation between predicted and measured time, and how far the model's first choice is from the
+measured best. The model's first choice is taken among *all* candidates (the model's own order:
+prediction, then its tie-break); when it fails to build or verify, the shape counts as a miss.
 
-    python scripts/model_fidelity.py [--device host] [--samples 30] [--topk 10] [--quick]
+    python scripts/model_fidelity.py [--device host] [--samples 30] [--topk 10] [--rounds 3]
+                                     [--quick] [--shapes SUBSTRING ...] [--list]
 
-The device's calibration (``roller calibrate``) is used when present; the output says which figures fed
-the model. Kernels run with TVM_NUM_THREADS = the device's cores.
+``--quick`` runs four shapes (two compute-bound, two memory-bound / irregular) with 10 random plans each;
+``--shapes`` keeps the shapes whose label (as ``--list`` prints it, e.g. ``add_relu:M=100,N=3001``)
+contains any of the given substrings. The device's calibration (``roller calibrate``) is used when
+present; the output says which figures fed the model. Kernels run with TVM_NUM_THREADS = the device's
+cores.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -29,9 +40,22 @@ SHAPES = [
     ("conv2d", {"N": 1, "H": 56, "W": 56, "C": 64, "K": 64, "R": 3, "S": 3, "pad": 1}),
     ("conv2d", {"N": 1, "H": 28, "W": 28, "C": 128, "K": 128, "R": 3, "S": 3, "pad": 1}),
     ("conv2d", {"N": 1, "H": 14, "W": 14, "C": 256, "K": 256, "R": 3, "S": 3, "pad": 1}),
+    # irregular and memory-bound
+    ("conv2d", {"N": 1, "H": 71, "W": 71, "C": 36, "K": 36, "R": 1, "S": 1}),
+    ("conv2d", {"N": 1, "H": 57, "W": 57, "C": 64, "K": 64, "R": 3, "S": 3, "stride": 2}),
+    ("batch_matmul", {"B": 8, "M": 256, "N": 64, "K": 256}),
+    ("add_relu", {"M": 100, "N": 3001}),
+    ("matmul", {"M": 1, "N": 1000, "K": 1280}),
+    ("reduce_sum", {"M": 4096, "N": 7}),
+    ("reduce_sum", {"M": 4096, "N": 4096}),
 ]
-QUICK = [SHAPES[1], SHAPES[5]]
+QUICK = [SHAPES[1], SHAPES[8], SHAPES[11], SHAPES[13]]
+QUICK_SAMPLES = 10
 ROUNDS = 5  # alternate re-timings of the model's first plan and the measured best
+
+
+def label(op: str, shape: dict) -> str:
+    return f"{op}:" + ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
@@ -56,35 +80,56 @@ def spearman(x, y) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def confirm(func, expr, first, best, device, inputs, ref, rounds: int = ROUNDS) -> float:
-    """Median time of the model's first plan over that of the measured best, the two built again and timed
-    alternately ``rounds`` times: the best of 40 single timings is biased low (the fastest of many noisy
-    draws), so the pair is re-measured on equal terms before it is compared."""
+def fresh_output(ref: np.ndarray):
+    """A TVM output buffer filled with the profiler's sentinel (NaN / the integer minimum), so that an
+    element a kernel does not write fails the check."""
     import tvm
 
-    from roller.codegen import build
-    from roller.profile import _time
+    from roller.profile import _fill_sentinel
+
+    return tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), tvm.cpu())
+
+
+def check(mod, args, ref: np.ndarray) -> None:
+    from roller.profile import TOLERANCE, _fill_sentinel
+
+    args[-1].copyfrom(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+    mod["main"](*args)
+    rtol, atol = TOLERANCE.get(str(ref.dtype), (0.0, 0.0))
+    np.testing.assert_allclose(args[-1].numpy(), ref, rtol=rtol, atol=atol)
+
+
+def time_all(mods: dict, args, rounds: int) -> dict[int, float]:
+    """Seconds per call of every module, all timed the same way: ``rounds`` rounds over the modules in
+    turn (so drift hits all alike), each a median of REPEATS repeats; the median over rounds."""
+    import tvm
+
+    from roller.profile import REPEATS, _time
 
     dev = tvm.cpu()
-    out = tvm.runtime.empty(ref.shape, str(ref.dtype), dev)
-    args = [tvm.runtime.tensor(a, dev) for a in inputs] + [out]
-    mods = []
-    for prog in (first, best):
-        mod = build(func, expr, prog, device).mod
-        mod["main"](*args)
-        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
-        mods.append(mod)
-    times = [[], []]
+    times: dict[int, list[float]] = {i: [] for i in mods}
     for _ in range(rounds):
-        for t, mod in zip(times, mods):
-            t.append(_time(mod, dev, args))
-    return float(np.median(times[0]) / np.median(times[1]))
+        for i, mod in mods.items():
+            times[i].append(_time(mod, dev, args, repeats=REPEATS))
+    return {i: float(np.median(t)) for i, t in times.items()}
 
 
-def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
+def confirm(first, best, args, ref, rounds: int = ROUNDS) -> float:
+    """Median time of the model's first plan over that of the measured best, the pair timed alternately
+    ``rounds`` more times: the best of many noisy timings is biased low (the fastest of many draws), so
+    the pair is re-measured on equal terms before it is compared."""
+    t = time_all({0: first, 1: best}, args, rounds)
+    return t[0] / t[1]
+
+
+def study(op: str, shape: dict, device, samples: int, topk: int, rounds: int) -> dict:
+    import tvm
+
     from roller import ops
     from roller.api import analyze
+    from roller.codegen import build
     from roller.construct import construct, sample_programs
+    from roller.errors import BuildError
     from roller.model import rank
     from roller.profile import profile
 
@@ -99,36 +144,75 @@ def study(op: str, shape: dict, device, samples: int, topk: int) -> dict:
         if p.key not in keys and len(cands) < samples + topk:
             keys.add(p.key)
             cands.append(p)
+    # the model's first choice among all candidates, built or not
+    first = rank(list(range(len(cands))), lambda i: cands[i].predicted_seconds, lambda i: cands[i].memory_seconds)[0]
     inputs = spec.inputs(full, "float32", np.random.default_rng(0))
     ref = spec.reference(inputs, full)
-    prof = profile(norm, expr, cands, device, inputs, ref, progress=sys.stderr.isatty(), time_kernels=True)
-    rows = [(p, c.measured_seconds) for p, c in zip(cands, prof.candidates) if c.measured_seconds]
-    pred = [p.predicted_seconds for p, _ in rows]
-    meas = [m for _, m in rows]
-    # the model's first choice: the constructor's order (prediction, then its tie-break) over all candidates
-    first = rank(range(len(rows)), lambda i: rows[i][0].predicted_seconds, lambda i: rows[i][0].memory_seconds)[0]
-    best = min(meas)
-    ibest = meas.index(best)
-    confirmed = 1.0 if first == ibest else confirm(norm, expr, rows[first][0], rows[ibest][0], device, inputs, ref)
+    # build and verify every candidate in worker processes (a TVM crash fails one candidate only)
+    try:
+        prof = profile(norm, expr, cands, device, inputs, ref, progress=sys.stderr.isatty(), time_kernels=False)
+        errors = {i: c.error for i, c in enumerate(prof.candidates) if not c.verified}
+        prof.cleanup()
+    except BuildError as e:  # none verified
+        errors = {i: str(e) for i in range(len(cands))}
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in inputs] + [fresh_output(ref)]
+    mods = {}
+    for i, prog in enumerate(cands):
+        if i in errors:
+            continue
+        mods[i] = build(norm, expr, prog, device).mod
+        check(mods[i], args, ref)
+    meas = time_all(mods, args, rounds)
+    timed = sorted(meas)
+    pred = [cands[i].predicted_seconds for i in timed]
+    ibest = min(meas, key=meas.get) if meas else None
+    best = meas[ibest] if meas else math.nan
+    if first in errors:
+        top1 = confirmed = math.inf  # the model's first plan did not build or verify: a miss
+    elif first == ibest:
+        top1 = confirmed = 1.0
+    else:
+        top1 = meas[first] / best
+        confirmed = confirm(mods[first], mods[ibest], args, ref)
     return {
-        "op": op, "shape": full, "candidates": len(cands), "measured": len(rows),
-        "spearman": spearman(pred, meas), "model_top1_over_best": meas[first] / best,
-        "confirmed_top1_over_best": confirmed,
-        "best_gflops": spec.flops(full) / best / 1e9, "pred": pred, "meas": meas,
-        "model_first": rows[first][0], "measured_best": rows[meas.index(best)][0], "progs": [p for p, _ in rows],
+        "op": op, "shape": full, "candidates": len(cands), "measured": len(meas), "failed": len(errors),
+        "spearman": spearman(pred, [meas[i] for i in timed]) if len(timed) >= 3 else math.nan,
+        "model_top1_over_best": top1, "confirmed_top1_over_best": confirmed,
+        "model_first_error": errors.get(first),
+        "best_gflops": spec.flops(full) / best / 1e9, "pred": pred, "meas": [meas[i] for i in timed],
+        "model_first": cands[first], "measured_best": cands[ibest] if ibest is not None else None,
+        "progs": [cands[i] for i in timed],
     }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None)
-    ap.add_argument("--samples", type=int, default=30, help="random plans per shape on top of the top-K")
+    ap.add_argument("--samples", type=int, default=None,
+                    help=f"random plans per shape on top of the top-K (default 30; {QUICK_SAMPLES} with --quick)")
     ap.add_argument("--topk", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds over all candidates (median)")
+    ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} shapes, fewer random plans")
+    ap.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
+                    help="only the shapes whose label contains one of these (see --list)")
+    ap.add_argument("--list", action="store_true", help="print the shapes' labels and exit")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="print the model's first plan and the measured best")
     ap.add_argument("--dump", metavar="FILE", help="write every candidate (plan, predicted, measured) as JSON")
     args = ap.parse_args(argv)
+
+    shapes = QUICK if args.quick else SHAPES
+    if args.shapes:
+        shapes = [(op, s) for op, s in shapes if any(sub in label(op, s) for sub in args.shapes)]
+    if args.list:
+        for op, s in shapes:
+            print(label(op, s))
+        return 0
+    if not shapes:
+        print(f"no shape matches {args.shapes}; --list shows the labels", file=sys.stderr)
+        return 2
+    samples = args.samples if args.samples is not None else (QUICK_SAMPLES if args.quick else 30)
 
     from roller.device import load_device
     from roller.tvmutil import set_threads
@@ -136,39 +220,48 @@ def main(argv=None) -> int:
     device = load_device(args.device)
     set_threads(device.units.count)
     print(f"device {device.name}: {'calibrated' if device.calibrated else 'DATASHEET figures (run roller calibrate)'}; "
-          f"{device.units.count} threads", file=sys.stderr)
+          f"{device.units.count} threads; every candidate timed {args.rounds} rounds x median of repeats",
+          file=sys.stderr)
     t0 = time.perf_counter()
     results = []
-    for op, shape in (QUICK if args.quick else SHAPES):
-        r = study(op, shape, device, args.samples, args.topk)
+    for op, shape in shapes:
+        r = study(op, shape, device, samples, args.topk, args.rounds)
         results.append(r)
-        print(f"{op:7s} {','.join(f'{k}={v}' for k, v in r['shape'].items()):42s} n={r['measured']:3d} "
-              f"spearman={r['spearman']:.2f} model-top1/best={r['model_top1_over_best']:.2f} "
-              f"(re-timed pair {r['confirmed_top1_over_best']:.2f}) "
-              f"best={r['best_gflops']:.0f} GFLOP/s", flush=True)
+        top1 = ("FAILED" if math.isinf(r["model_top1_over_best"]) else f"{r['model_top1_over_best']:.2f}")
+        conf = ("miss" if math.isinf(r["confirmed_top1_over_best"]) else f"{r['confirmed_top1_over_best']:.2f}")
+        print(f"{op:12s} {','.join(f'{k}={v}' for k, v in r['shape'].items()):58s} n={r['measured']:3d} "
+              f"failed={r['failed']:2d} spearman={r['spearman']:.2f} model-top1/best={top1} "
+              f"(re-timed pair {conf}) best={r['best_gflops']:.1f} GFLOP/s", flush=True)
+        if r["model_first_error"]:
+            print(f"    the model's first plan failed: {r['model_first_error'][:300]}")
         if args.verbose:
-            for label in ("model_first", "measured_best"):
-                p = r[label]
-                print(f"    {label}: predicted {p.predicted_seconds * 1e3:.3f} ms, packed {list(p.packed)}: "
-                      + p.describe().replace("\n", " | "))
+            for key in ("model_first", "measured_best"):
+                p = r[key]
+                if p is not None:
+                    print(f"    {key}: predicted {p.predicted_seconds * 1e3:.3f} ms, packed {list(p.packed)}: "
+                          + p.describe().replace("\n", " | "))
             order = sorted(range(len(r["meas"])), key=lambda i: r["meas"][i])
             print("    measured ms (fastest first) / predicted ms: "
-                  + " ".join(f"{r['meas'][i] * 1e3:.2f}/{r['pred'][i] * 1e3:.2f}" for i in order))
+                  + " ".join(f"{r['meas'][i] * 1e3:.3f}/{r['pred'][i] * 1e3:.3f}" for i in order))
     within = sum(r["model_top1_over_best"] <= 1.15 for r in results)
     within_confirmed = sum(r["confirmed_top1_over_best"] <= 1.15 for r in results)
-    pooled = np.mean([r["spearman"] for r in results])
-    print(f"mean Spearman {pooled:.2f} (target >= 0.7); model's top-1 within 15% of the measured best on "
-          f"{within}/{len(results)} shapes in the single pass, {within_confirmed}/{len(results)} with the pair "
-          f"re-timed {ROUNDS}x alternately (target >= 80%); {time.perf_counter() - t0:.0f} s")
+    rhos = [r["spearman"] for r in results if not math.isnan(r["spearman"])]
+    pooled = float(np.mean(rhos)) if rhos else math.nan
+    print(f"mean Spearman {pooled:.2f} over {len(rhos)} shapes (target >= 0.7); model's top-1 within 15% of the "
+          f"measured best on {within}/{len(results)} shapes in the timing pass, {within_confirmed}/{len(results)} "
+          f"with the pair re-timed {ROUNDS}x alternately (target >= 80%; a first plan that fails counts as a miss); "
+          f"{time.perf_counter() - t0:.0f} s")
     if args.dump:
         with open(args.dump, "w") as f:
-            json.dump([{"op": r["op"], "shape": r["shape"],
+            json.dump([{"op": r["op"], "shape": r["shape"], "model_first": r["model_first"].to_dict(),
+                        "model_first_error": r["model_first_error"],
                         "candidates": [{"program": p.to_dict(), "predicted": pr, "measured": m}
                                        for p, pr, m in zip(r["progs"], r["pred"], r["meas"])]}
                        for r in results], f)
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("pred", "meas", "model_first", "measured_best", "progs")}
-                          for r in results]))
+        drop = ("pred", "meas", "model_first", "measured_best", "progs")
+        print(json.dumps([{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k, v in r.items() if k not in drop} for r in results]))
     return 0
 
 
