@@ -4,6 +4,11 @@
 operator's shape keys, builds its unscheduled PrimFunc, makes random inputs, and computes a numpy
 reference. The plain functions (:func:`matmul`, :func:`conv2d_nhwc`...) build the PrimFuncs directly.
 
+Some operators take string options besides their shape (``pool2d``'s ``kind`` max|avg, ``matmul``'s
+``layout`` nn|nt): ``OPS[name].with_options(kind="avg")`` is the same OpSpec with the option fixed (and
+checked); every method then builds, feeds and checks that variant. Unset options take their default,
+the first allowed value.
+
 Conventions: inputs come in the order of the PrimFunc's parameters, the output is the last parameter.
 Reductions over int8 accumulate (and store) in int32; every other dtype computes in its own type.
 Random inputs are multiples of 1/8 in [-1, 1] (integers in [-3, 3] for int8), so float32 sums of up to
@@ -12,7 +17,7 @@ Random inputs are multiples of 1/8 in [-1, 1] (integers in [-3, 3] for int8), so
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,6 +30,7 @@ MAX_ELEMENTS = 2**31 - 1          # per tensor (and per dimension): 32-bit index
 MAX_TOTAL_BYTES = 16 * 2**30      # all tensors of one operator together
 
 Shape = Mapping[str, int]
+Params = Mapping[str, object]  # a full shape plus the options' values
 
 
 def _out_dtype(dtype: str, reduces: bool) -> str:
@@ -34,27 +40,55 @@ def _out_dtype(dtype: str, reduces: bool) -> str:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One operator: its shape keys and the callables that build, feed and check it.
+    """One operator: its shape keys, string options and the callables that build, feed and check it.
 
     ``shape_keys`` are required, in the order the CLI documents them; ``optional_keys`` map to their
-    defaults. The public methods validate the shape first (InvalidShapeError names the key and rule).
+    defaults. ``options`` map an option's name to its allowed values, the default first; ``chosen``
+    holds the values set by :meth:`with_options`. The callables receive the operator's parameters: the
+    full shape plus every option's value. The public methods validate the shape first
+    (InvalidShapeError names the key and rule).
     """
 
     name: str
     shape_keys: tuple[str, ...]
     optional_keys: Mapping[str, int]
     doc: str
-    build_fn: Callable[..., object] = field(repr=False)              # (**shape, dtype) -> PrimFunc
-    input_shapes_fn: Callable[[Shape], list[tuple[int, ...]]] = field(repr=False)
-    output_shape_fn: Callable[[Shape], tuple[int, ...]] = field(repr=False)
-    reference_fn: Callable[[Sequence[np.ndarray], Shape], np.ndarray] = field(repr=False)
-    flops_fn: Callable[[Shape], int] = field(repr=False)
+    build_fn: Callable[..., object] = field(repr=False)              # (**params, dtype) -> PrimFunc
+    input_shapes_fn: Callable[[Params], list[tuple[int, ...]]] = field(repr=False)
+    output_shape_fn: Callable[[Params], tuple[int, ...]] = field(repr=False)
+    reference_fn: Callable[[Sequence[np.ndarray], Params], np.ndarray] = field(repr=False)
+    flops_fn: Callable[[Params], int] = field(repr=False)
+    # int8 inputs accumulate (and store) in int32; False keeps the input dtype (elementwise ops, pooling)
     reduces: bool = True
-    check_fn: Callable[[Shape], None] | None = field(default=None, repr=False)  # op-specific rules
+    check_fn: Callable[[OpSpec, Params, str], None] | None = field(default=None, repr=False)  # op-specific rules
+    options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    chosen: Mapping[str, str] = field(default_factory=dict)
+
+    def with_options(self, **options: str) -> OpSpec:
+        """This operator with ``options`` set (others keep their value); InvalidShapeError names an
+        unknown option (and the operators that take it) or a value that is not allowed."""
+        for key, value in options.items():
+            if key not in self.options:
+                owners = [n for n, spec in OPS.items() if key in spec.options]
+                where = f"an option of {', '.join(owners)}" if owners else "no operator takes it"
+                raise InvalidShapeError(f"{self.name} has no option {key!r} ({where}); {_options_help(self)}")
+            if not isinstance(value, str) or value not in self.options[key]:
+                raise InvalidShapeError(f"{self.name}: {key}={value!r} is not allowed: use one of "
+                                        f"{', '.join(self.options[key])}")
+        return replace(self, chosen={**self.chosen, **options})
+
+    @property
+    def option_values(self) -> dict[str, str]:
+        """Every option's value: the chosen one, or the default."""
+        return {key: self.chosen.get(key, allowed[0]) for key, allowed in self.options.items()}
 
     def full_shape(self, shape: Shape) -> dict[str, int]:
         """The shape with optional keys filled in (no validation)."""
         return {**self.optional_keys, **shape}
+
+    def params(self, shape: Shape) -> dict[str, int | str]:
+        """What the callables receive: the full shape plus the options' values (no validation)."""
+        return {**self.full_shape(shape), **self.option_values}
 
     def out_dtype(self, dtype: str) -> str:
         """The output's dtype for inputs of ``dtype``."""
@@ -63,33 +97,35 @@ class OpSpec:
     def make(self, shape: Shape, dtype: str = "float32"):
         """The unscheduled PrimFunc (via ``te.create_prim_func``)."""
         full = validate_shape(self, shape, dtype)
-        return self.build_fn(**full, dtype=dtype)
+        return self.build_fn(**self.params(full), dtype=dtype)
 
     def input_shapes(self, shape: Shape) -> list[tuple[int, ...]]:
-        return self.input_shapes_fn(self.full_shape(shape))
+        """The input tensors' shapes, in parameter order."""
+        return self.input_shapes_fn(self.params(shape))
 
     def output_shape(self, shape: Shape) -> tuple[int, ...]:
-        return self.output_shape_fn(self.full_shape(shape))
+        """The output tensor's shape."""
+        return self.output_shape_fn(self.params(shape))
 
     def inputs(self, shape: Shape, dtype: str = "float32", rng: np.random.Generator | None = None) -> list[np.ndarray]:
         """Random inputs in parameter order (see the module docstring for the value range)."""
         full = validate_shape(self, shape, dtype)
         rng = rng if rng is not None else np.random.default_rng(0)
+        shapes = self.input_shapes_fn(self.params(full))
         if dtype == "int8":
-            return [rng.integers(-3, 4, size=s).astype(dtype) for s in self.input_shapes_fn(full)]
-        return [(rng.integers(-8, 9, size=s) / 8.0).astype(dtype) for s in self.input_shapes_fn(full)]
+            return [rng.integers(-3, 4, size=s).astype(dtype) for s in shapes]
+        return [(rng.integers(-8, 9, size=s) / 8.0).astype(dtype) for s in shapes]
 
     def reference(self, arrays: Sequence[np.ndarray], shape: Shape) -> np.ndarray:
         """The numpy result for ``arrays`` (computed in float64, or int64 for integers, then cast)."""
-        full = self.full_shape(shape)
         dtype = str(arrays[0].dtype)
         wide = np.int64 if np.issubdtype(arrays[0].dtype, np.integer) else np.float64
-        out = self.reference_fn([np.asarray(a, dtype=wide) for a in arrays], full)
+        out = self.reference_fn([np.asarray(a, dtype=wide) for a in arrays], self.params(shape))
         return out.astype(self.out_dtype(dtype))
 
     def flops(self, shape: Shape) -> int:
         """Arithmetic operations of the whole operator (2 per multiply-add)."""
-        return self.flops_fn(self.full_shape(shape))
+        return self.flops_fn(self.params(shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,12 +146,28 @@ def _keys_help(spec: OpSpec) -> str:
     return f"{spec.name} takes {','.join(spec.shape_keys)}" + (f" and optionally {opt}" if opt else "")
 
 
-def parse_shape(op_name: str, text: str, dtype: str = "float32") -> dict[str, int]:
+def _options_help(spec: OpSpec) -> str:
+    if not spec.options:
+        return f"{spec.name} takes no options"
+    return f"{spec.name} takes " + ", ".join(f"{k} ({'|'.join(v)}, default {v[0]})" for k, v in spec.options.items())
+
+
+def option_names() -> dict[str, tuple[str, ...]]:
+    """Every option any operator takes, with the operators that take it (for the CLI's flags)."""
+    names: dict[str, tuple[str, ...]] = {}
+    for name, spec in OPS.items():
+        for key in spec.options:
+            names[key] = names.get(key, ()) + (name,)
+    return names
+
+
+def parse_shape(op: str | OpSpec, text: str, dtype: str = "float32") -> dict[str, int]:
     """Parses ``M=1024,N=1024,K=1024`` into a validated shape dict (optional keys filled in).
 
-    Keys match exactly or, failing that, case-insensitively (``m=64`` works for matmul).
+    Keys match exactly or, failing that, case-insensitively (``m=64`` works for matmul). Pass an OpSpec
+    with its options set to check the rules that depend on them.
     """
-    spec = get_op(op_name)
+    spec = get_op(op)
     known = (*spec.shape_keys, *spec.optional_keys)
     shape: dict[str, object] = {}
     for item in (p.strip() for p in str(text).split(",")):
@@ -141,7 +193,8 @@ def validate_shape(op: str | OpSpec, shape: Shape, dtype: str = "float32") -> di
     """Checks a shape and dtype for ``op``; returns the shape with optional keys filled in.
 
     Rules: all required keys present, no unknown key, integer values, dimensions >= 1 (pad >= 0),
-    every tensor <= 2**31-1 elements, all tensors together <= 16 GiB, a convolution's output >= 1.
+    every tensor <= 2**31-1 elements, all tensors together <= 16 GiB, plus the operator's own rules (a
+    convolution's output >= 1, groups dividing the channels...). ``op`` may be an OpSpec with options set.
     """
     spec = get_op(op)
     dtype = str(dtype)
@@ -166,10 +219,11 @@ def validate_shape(op: str | OpSpec, shape: Shape, dtype: str = "float32") -> di
         if value > MAX_ELEMENTS:
             raise InvalidShapeError(f"{spec.name}: {key}={value} is too large (at most {MAX_ELEMENTS})")
         full[key] = value
+    params = spec.params(full)
     if spec.check_fn is not None:
-        spec.check_fn(full)
-    tensors = [("input", s, dtype) for s in spec.input_shapes_fn(full)]
-    tensors.append(("output", spec.output_shape_fn(full), spec.out_dtype(dtype)))
+        spec.check_fn(spec, params, dtype)
+    tensors = [("input", s, dtype) for s in spec.input_shapes_fn(params)]
+    tensors.append(("output", spec.output_shape_fn(params), spec.out_dtype(dtype)))
     total = 0
     for role, tshape, tdtype in tensors:
         elems = math.prod(tshape)
@@ -193,16 +247,23 @@ def _mul_acc(a, b, out_dtype: str):
     return a * b
 
 
-def matmul(M: int, N: int, K: int, dtype: str = "float32"):
-    """C[m, n] = sum_k A[m, k] * B[k, n]; parameters (A, B, C)."""
+def matmul(M: int, N: int, K: int, dtype: str = "float32", layout: str = "nn"):
+    """C[m, n] = sum_k A[m, k] * B[k, n]; parameters (A, B, C).
+
+    ``layout="nt"`` takes B transposed, [N, K] (a linear layer's weight): C[m, n] = sum_k A[m, k] * B[n, k].
+    """
     from tvm import te
 
-    validate_shape("matmul", {"M": M, "N": N, "K": K}, dtype)
+    validate_shape(OPS["matmul"].with_options(layout=layout), {"M": M, "N": N, "K": K}, dtype)
     out = _out_dtype(dtype, True)
     A = te.placeholder((M, K), dtype, name="A")
-    B = te.placeholder((K, N), dtype, name="B")
     k = te.reduce_axis((0, K), name="k")
-    C = te.compute((M, N), lambda m, n: te.sum(_mul_acc(A[m, k], B[k, n], out), axis=k), name="C")
+    if layout == "nt":
+        B = te.placeholder((N, K), dtype, name="B")
+        C = te.compute((M, N), lambda m, n: te.sum(_mul_acc(A[m, k], B[n, k], out), axis=k), name="C")
+    else:
+        B = te.placeholder((K, N), dtype, name="B")
+        C = te.compute((M, N), lambda m, n: te.sum(_mul_acc(A[m, k], B[k, n], out), axis=k), name="C")
     return te.create_prim_func([A, B, C])
 
 
@@ -224,39 +285,130 @@ def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) 
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def _pad_hw(data, pad: int, value):
+    """``data`` (NHWC) padded by ``pad`` on H and W with ``value``, as its own stage ``pad_temp`` (code
+    generation decides where to compute it; the analysis keeps it); ``data`` itself when ``pad == 0``."""
+    from tvm import te, tirx
+
+    if pad == 0:
+        return data
+    N, H, W, C = (int(d) for d in data.shape)
+    return te.compute(
+        (N, H + 2 * pad, W + 2 * pad, C),
+        lambda n, h, w, c: tirx.if_then_else(
+            tirx.all(h >= pad, h < H + pad, w >= pad, w < W + pad), data[n, h - pad, w - pad, c], value),
+        name="pad_temp")
+
+
+def _window(src, R: int, S: int, stride: int, dilation: int = 1):
+    """The reduction axes (r, s) of an R x S kernel window and ``pixel(n, h, w, c)``: the value of ``src``
+    (the padded input) that offset (r, s) of the window of output point (h, w) meets."""
+    from tvm import te
+
+    r, s = te.reduce_axis((0, R), name="r"), te.reduce_axis((0, S), name="s")
+
+    def pixel(n, h, w, c):
+        return src[n, h * stride + r * dilation, w * stride + s * dilation, c]
+
+    return r, s, pixel
+
+
+def _zero(dtype: str):
+    from tvm import tirx
+
+    return tirx.const(0, dtype)
+
+
 def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0,
-                dtype: str = "float32", dilation: int = 1):
-    """2-D convolution, data NHWC, weight RSCK ([R, S, C, K]), output NHWK; parameters (data, weight, conv).
+                dtype: str = "float32", dilation: int = 1, groups: int = 1):
+    """2-D convolution, data NHWC, weight RSCK ([R, S, C/groups, K]), output NHWK; parameters (data,
+    weight, conv).
 
     With ``pad > 0`` the zero padding is its own stage ``pad_temp`` (code generation decides where to
     compute it); the convolution reads ``pad_temp[n, h*stride + r*dilation, w*stride + s*dilation, c]``.
+    With ``groups > 1``, output channel k = g*(K/groups) + j reads input channels g*(C/groups) + c: the
+    block iterates g and j as two axes so every index stays affine (k // (K/groups) would not be), and
+    the output buffer keeps its NHWK layout through ``transform_layout``.
+    """
+    from tvm import te
+
+    shape = dict(N=N, H=H, W=W, C=C, K=K, R=R, S=S, stride=stride, pad=pad, dilation=dilation, groups=groups)
+    validate_shape("conv2d", shape, dtype)
+    OH, OW = _conv_out(shape)
+    out = _out_dtype(dtype, True)
+    data = te.placeholder((N, H, W, C), dtype, name="data")
+    weight = te.placeholder((R, S, C // groups, K), dtype, name="weight")
+    r, s, pixel = _window(_pad_hw(data, pad, _zero(dtype)), R, S, stride, dilation)
+    c = te.reduce_axis((0, C // groups), name="c")
+    if groups == 1:
+        conv = te.compute(
+            (N, OH, OW, K),
+            lambda n, h, w, k: te.sum(_mul_acc(pixel(n, h, w, c), weight[r, s, c, k], out), axis=[r, s, c]),
+            name="conv")
+        return te.create_prim_func([data, weight, conv])
+    cg, kg = C // groups, K // groups
+    conv = te.compute(
+        (N, OH, OW, groups, kg),
+        lambda n, h, w, g, j: te.sum(_mul_acc(pixel(n, h, w, g * cg + c), weight[r, s, c, g * kg + j], out),
+                                     axis=[r, s, c]),
+        name="conv")
+    return _merge_last_two(te.create_prim_func([data, weight, conv]), "conv", kg)
+
+
+def _merge_last_two(func, block: str, inner: int):
+    """``func`` with the buffer ``block`` writes stored with its last two dimensions (o, i) merged into one,
+    index o * inner + i: the output keeps its plain layout while the block iterates both axes."""
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch.transform_layout(sch.get_sblock(block), ("write", 0), lambda *i: (*i[:-2], i[-2] * inner + i[-1]))
+    return sch.mod["main"]
+
+
+def depthwise_conv2d(N: int, H: int, W: int, C: int, R: int, S: int, stride: int = 1, pad: int = 0,
+                     dtype: str = "float32", dilation: int = 1):
+    """Depthwise 2-D convolution (multiplier 1), data NHWC, weight [R, S, C], output NHWC; parameters
+    (data, weight, conv): conv[n, h, w, c] = sum_{r,s} data[n, h*stride + r*dilation, w*stride + s*dilation, c]
+    * weight[r, s, c], zero padding as the stage ``pad_temp`` (as in :func:`conv2d_nhwc`)."""
+    from tvm import te
+
+    shape = dict(N=N, H=H, W=W, C=C, R=R, S=S, stride=stride, pad=pad, dilation=dilation)
+    validate_shape("depthwise_conv2d", shape, dtype)
+    OH, OW = _conv_out(shape)
+    out = _out_dtype(dtype, True)
+    data = te.placeholder((N, H, W, C), dtype, name="data")
+    weight = te.placeholder((R, S, C), dtype, name="weight")
+    r, s, pixel = _window(_pad_hw(data, pad, _zero(dtype)), R, S, stride, dilation)
+    conv = te.compute((N, OH, OW, C),
+                      lambda n, h, w, c: te.sum(_mul_acc(pixel(n, h, w, c), weight[r, s, c], out), axis=[r, s]),
+                      name="conv")
+    return te.create_prim_func([data, weight, conv])
+
+
+def pool2d(N: int, H: int, W: int, C: int, R: int, S: int, stride: int = 1, pad: int = 0,
+           dtype: str = "float32", kind: str = "max"):
+    """2-D pooling over R x S windows, data and output NHWC; parameters (data, pool).
+
+    ``kind="max"``: one max-reduction; the padding holds the dtype's lowest value, so it never wins.
+    ``kind="avg"``: a sum-reduction ``pool_sum`` then the elementwise epilogue ``pool`` dividing by R*S,
+    padding included (PyTorch's count_include_pad=True); the analysis folds the division into the plan.
     """
     from tvm import te, tirx
 
-    full = validate_shape("conv2d", dict(N=N, H=H, W=W, C=C, K=K, R=R, S=S, stride=stride, pad=pad,
-                                         dilation=dilation), dtype)
-    OH = conv_out_size(H, R, stride, pad, dilation)
-    OW = conv_out_size(W, S, stride, pad, dilation)
-    out = _out_dtype(dtype, True)
+    shape = dict(N=N, H=H, W=W, C=C, R=R, S=S, stride=stride, pad=pad)
+    validate_shape(OPS["pool2d"].with_options(kind=kind), shape, dtype)
+    OH, OW = _conv_out(shape)
     data = te.placeholder((N, H, W, C), dtype, name="data")
-    weight = te.placeholder((R, S, C, K), dtype, name="weight")
-    src = data
-    if full["pad"] > 0:
-        src = te.compute(
-            (N, H + 2 * pad, W + 2 * pad, C),
-            lambda n, h, w, c: tirx.if_then_else(
-                tirx.all(h >= pad, h < H + pad, w >= pad, w < W + pad),
-                data[n, h - pad, w - pad, c], tirx.const(0, dtype)),
-            name="pad_temp")
-    r = te.reduce_axis((0, R), name="r")
-    s = te.reduce_axis((0, S), name="s")
-    c = te.reduce_axis((0, C), name="c")
-    conv = te.compute(
-        (N, OH, OW, K),
-        lambda n, h, w, k: te.sum(_mul_acc(src[n, h * stride + r * dilation, w * stride + s * dilation, c],
-                                           weight[r, s, c, k], out), axis=[r, s, c]),
-        name="conv")
-    return te.create_prim_func([data, weight, conv])
+    src = _pad_hw(data, pad, tirx.min_value(dtype) if kind == "max" else _zero(dtype))
+    r, s, pixel = _window(src, R, S, stride)
+    out = (N, OH, OW, C)
+    if kind == "max":
+        pool = te.compute(out, lambda n, h, w, c: te.max(pixel(n, h, w, c), axis=[r, s]), name="pool")
+    else:
+        total = te.compute(out, lambda n, h, w, c: te.sum(pixel(n, h, w, c), axis=[r, s]), name="pool_sum")
+        pool = te.compute(out, lambda n, h, w, c: total[n, h, w, c] / tirx.const(R * S, dtype), name="pool")
+    return te.create_prim_func([data, pool])
 
 
 def reduce_sum(M: int, N: int, dtype: str = "float32"):
@@ -284,44 +436,100 @@ def add_relu(M: int, N: int, dtype: str = "float32"):
 
 
 # ---------------------------------------------------------------------------------------------
-# numpy references (inputs arrive widened to float64 / int64)
+# Rules and numpy references of the window operators (inputs arrive widened to float64 / int64)
 
-def _conv_out(s: Shape) -> tuple[int, int]:
-    return (conv_out_size(s["H"], s["R"], s["stride"], s["pad"], s["dilation"]),
-            conv_out_size(s["W"], s["S"], s["stride"], s["pad"], s["dilation"]))
+def _conv_out(s: Params) -> tuple[int, int]:
+    """(OH, OW) of a window operator (pooling has no dilation key: 1)."""
+    d = s.get("dilation", 1)
+    return (conv_out_size(s["H"], s["R"], s["stride"], s["pad"], d),
+            conv_out_size(s["W"], s["S"], s["stride"], s["pad"], d))
 
 
-def _conv_check(s: Shape) -> None:
+def _window_check(spec: OpSpec, s: Params, dtype: str) -> None:
+    """The kernel window fits the padded input (the output has at least one point)."""
     oh, ow = _conv_out(s)
     if oh <= 0 or ow <= 0:
         raise InvalidShapeError(
-            f"conv2d: the kernel R={s['R']}, S={s['S']} (dilation {s['dilation']}) does not fit the padded input "
-            f"H+2*pad={s['H'] + 2 * s['pad']}, W+2*pad={s['W'] + 2 * s['pad']} (output {oh}x{ow}): "
+            f"{spec.name}: the kernel R={s['R']}, S={s['S']} (dilation {s.get('dilation', 1)}) does not fit the "
+            f"padded input H+2*pad={s['H'] + 2 * s['pad']}, W+2*pad={s['W'] + 2 * s['pad']} (output {oh}x{ow}): "
             f"use a smaller kernel or more padding")
 
 
-def _conv_reference(arrays, s: Shape) -> np.ndarray:
-    data, weight = arrays
-    p, st, d = s["pad"], s["stride"], s["dilation"]
-    x = np.pad(data, ((0, 0), (p, p), (p, p), (0, 0)))
+def _conv_check(spec: OpSpec, s: Params, dtype: str) -> None:
+    _window_check(spec, s, dtype)
+    for key in ("C", "K"):
+        if s[key] % s["groups"]:
+            raise InvalidShapeError(f"{spec.name}: {key}={s[key]} is not divisible by groups={s['groups']}: "
+                                    f"C and K must both be multiples of groups")
+
+
+def _pool_check(spec: OpSpec, s: Params, dtype: str) -> None:
+    _window_check(spec, s, dtype)
+    if 2 * s["pad"] > min(s["R"], s["S"]):
+        # PyTorch's rule too: a window made only of padding would have no maximum and a meaningless average
+        raise InvalidShapeError(f"{spec.name}: pad={s['pad']} is more than half the window R={s['R']}, S={s['S']}: "
+                                f"use pad <= min(R, S) // 2")
+    if s["kind"] == "avg" and dtype == "int8":
+        raise InvalidShapeError(f"{spec.name}: kind=avg needs a floating-point dtype (an int8 average would "
+                                f"truncate): use float32, float16 or float64, or kind=max")
+
+
+def _windows(data: np.ndarray, s: Params, fill=0):
+    """Yields (r, q, view): for each kernel offset, the [N, OH, OW, C] input values it meets, the input
+    padded with ``fill``."""
+    p, st, d = s["pad"], s["stride"], s.get("dilation", 1)
+    x = np.pad(data, ((0, 0), (p, p), (p, p), (0, 0)), constant_values=fill)
     oh, ow = _conv_out(s)
-    out = np.zeros((s["N"], oh, ow, s["K"]), dtype=data.dtype)
     for r in range(s["R"]):
         for q in range(s["S"]):
-            window = x[:, r * d: r * d + (oh - 1) * st + 1: st, q * d: q * d + (ow - 1) * st + 1: st, :]
-            out += window @ weight[r, q]
+            yield r, q, x[:, r * d: r * d + (oh - 1) * st + 1: st, q * d: q * d + (ow - 1) * st + 1: st, :]
+
+
+def _conv_reference(arrays, s: Params) -> np.ndarray:
+    data, weight = arrays
+    g, cg, kg = s["groups"], s["C"] // s["groups"], s["K"] // s["groups"]
+    out = np.zeros((s["N"], *_conv_out(s), s["K"]), dtype=data.dtype)
+    for r, q, view in _windows(data, s):
+        for i in range(g):  # one matmul per group (and a single one without groups)
+            out[..., i * kg:(i + 1) * kg] += view[..., i * cg:(i + 1) * cg] @ weight[r, q, :, i * kg:(i + 1) * kg]
     return out
+
+
+def _depthwise_reference(arrays, s: Params) -> np.ndarray:
+    data, weight = arrays
+    out = np.zeros((s["N"], *_conv_out(s), s["C"]), dtype=data.dtype)
+    for r, q, view in _windows(data, s):
+        out += view * weight[r, q]
+    return out
+
+
+def _pool_reference(arrays, s: Params) -> np.ndarray:
+    (data,) = arrays
+    if s["kind"] == "max":
+        low = -np.inf if data.dtype.kind == "f" else np.iinfo(data.dtype).min
+        return np.maximum.reduce([view for _, _, view in _windows(data, s, fill=low)])
+    return sum(view for _, _, view in _windows(data, s)) / (s["R"] * s["S"])
+
+
+def _nhwc(s: Params) -> tuple[int, ...]:
+    return (s["N"], s["H"], s["W"], s["C"])
+
+
+def _window_points(s: Params) -> int:
+    """Output points times window size: the multiply-adds of a depthwise convolution, per channel."""
+    return s["N"] * math.prod(_conv_out(s)) * s["R"] * s["S"]
 
 
 OPS: dict[str, OpSpec] = {
     "matmul": OpSpec(
         name="matmul", shape_keys=("M", "N", "K"), optional_keys={},
-        doc="C[M,N] = A[M,K] @ B[K,N]",
+        doc="C[M,N] = A[M,K] @ B[K,N] (layout nn) or A[M,K] @ B[N,K]^T (layout nt)",
         build_fn=matmul,
-        input_shapes_fn=lambda s: [(s["M"], s["K"]), (s["K"], s["N"])],
+        input_shapes_fn=lambda s: [(s["M"], s["K"]), (s["N"], s["K"]) if s["layout"] == "nt" else (s["K"], s["N"])],
         output_shape_fn=lambda s: (s["M"], s["N"]),
-        reference_fn=lambda a, s: a[0] @ a[1],
-        flops_fn=lambda s: 2 * s["M"] * s["N"] * s["K"]),
+        reference_fn=lambda a, s: a[0] @ (a[1].T if s["layout"] == "nt" else a[1]),
+        flops_fn=lambda s: 2 * s["M"] * s["N"] * s["K"],
+        options={"layout": ("nn", "nt")}),
     "batch_matmul": OpSpec(
         name="batch_matmul", shape_keys=("B", "M", "N", "K"), optional_keys={},
         doc="C[B,M,N] = A[B,M,K] @ W[B,K,N]",
@@ -332,15 +540,38 @@ OPS: dict[str, OpSpec] = {
         flops_fn=lambda s: 2 * s["B"] * s["M"] * s["N"] * s["K"]),
     "conv2d": OpSpec(
         name="conv2d", shape_keys=("N", "H", "W", "C", "K", "R", "S"),
-        optional_keys={"stride": 1, "pad": 0, "dilation": 1},
-        doc="conv[N,OH,OW,K] = data[N,H,W,C] (*) weight[R,S,C,K], NHWC, zero padding as stage pad_temp",
-        build_fn=lambda N, H, W, C, K, R, S, stride, pad, dilation, dtype:
-            conv2d_nhwc(N, H, W, C, K, R, S, stride, pad, dtype, dilation),
-        input_shapes_fn=lambda s: [(s["N"], s["H"], s["W"], s["C"]), (s["R"], s["S"], s["C"], s["K"])],
+        optional_keys={"stride": 1, "pad": 0, "dilation": 1, "groups": 1},
+        doc="conv[N,OH,OW,K] = data[N,H,W,C] (*) weight[R,S,C/groups,K], NHWC, zero padding as stage pad_temp",
+        build_fn=conv2d_nhwc,
+        input_shapes_fn=lambda s: [_nhwc(s), (s["R"], s["S"], s["C"] // s["groups"], s["K"])],
         output_shape_fn=lambda s: (s["N"], *_conv_out(s), s["K"]),
         reference_fn=_conv_reference,
-        flops_fn=lambda s: 2 * s["N"] * math.prod(_conv_out(s)) * s["K"] * s["R"] * s["S"] * s["C"],
+        flops_fn=lambda s: 2 * _window_points(s) * s["K"] * (s["C"] // s["groups"]),
         check_fn=_conv_check),
+    "depthwise_conv2d": OpSpec(
+        name="depthwise_conv2d", shape_keys=("N", "H", "W", "C", "R", "S"),
+        optional_keys={"stride": 1, "pad": 0, "dilation": 1},
+        doc="conv[N,OH,OW,C] = data[N,H,W,C] (*) weight[R,S,C] per channel, NHWC, zero padding as stage pad_temp",
+        build_fn=depthwise_conv2d,
+        input_shapes_fn=lambda s: [_nhwc(s), (s["R"], s["S"], s["C"])],
+        output_shape_fn=lambda s: (s["N"], *_conv_out(s), s["C"]),
+        reference_fn=_depthwise_reference,
+        flops_fn=lambda s: 2 * _window_points(s) * s["C"],
+        check_fn=_window_check),
+    "pool2d": OpSpec(
+        name="pool2d", shape_keys=("N", "H", "W", "C", "R", "S"),
+        optional_keys={"stride": 1, "pad": 0},
+        doc="pool[N,OH,OW,C] = max or average of data[N,H,W,C] over R x S windows (avg divides by R*S)",
+        build_fn=pool2d,
+        input_shapes_fn=lambda s: [_nhwc(s)],
+        output_shape_fn=lambda s: (s["N"], *_conv_out(s), s["C"]),
+        reference_fn=_pool_reference,
+        # one max or add per window point; avg adds one division per output point
+        flops_fn=lambda s: _window_points(s) * s["C"] + (s["N"] * math.prod(_conv_out(s)) * s["C"]
+                                                          if s["kind"] == "avg" else 0),
+        reduces=False,
+        check_fn=_pool_check,
+        options={"kind": ("max", "avg")}),
     "reduce_sum": OpSpec(
         name="reduce_sum", shape_keys=("M", "N"), optional_keys={},
         doc="B[M] = sum over the last axis of A[M,N]",
