@@ -16,7 +16,7 @@ import numpy as np
 
 from .construct import Construction, construct as _construct
 from .device import Device, load_device
-from .errors import BuildError, InvalidShapeError
+from .errors import BuildError
 from .expr import Expr, fuse_axes
 from .rprogram import RProgram
 
@@ -136,21 +136,25 @@ def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
 
 
 def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: Device | str | None = None,
-             topk: int = 10, profile: bool = True, progress: bool = False) -> BuildResult:
-    """Builds one of roller's named operators (see roller.ops.OPS), verified against its numpy reference."""
+             topk: int = 10, profile: bool = True, progress: bool = False, **options: str) -> BuildResult:
+    """Builds one of roller's named operators (see roller.ops.OPS), verified against its numpy reference.
+
+    ``options`` set the operator's string options, e.g. ``kind="avg"`` for pool2d or ``layout="nt"`` for
+    matmul (InvalidShapeError for an option the operator does not take or a value it does not allow);
+    the report's ``options`` names every option's value.
+    """
     from . import ops
     from .profile import warm_up
 
-    spec = ops.OPS.get(op)
-    if spec is None:
-        raise InvalidShapeError(f"unknown operator {op!r}: use one of {', '.join(ops.OPS)}")
-    full = ops.validate_shape(op, dict(shape), dtype)
+    spec = ops.get_op(op).with_options(**options)
+    full = ops.validate_shape(spec, dict(shape), dtype)
     warm_up()  # the build server imports TVM while this process does the same, on the other core
     func = spec.make(full, dtype)
     rng = np.random.default_rng(0)
     inputs = spec.inputs(full, dtype, rng)
     reference = spec.reference(inputs, full)
     result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
-                   progress=progress, name=op, shape=full)
+                   progress=progress, name=spec.name, shape=full)
+    report = result.report
+    result.report = {"op": report["op"], "shape": report["shape"], "options": spec.option_values, **report}
     return result
-

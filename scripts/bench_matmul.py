@@ -83,43 +83,6 @@ def child_roller(size: int, plan: str) -> dict:
             "threads": os.environ.get("TVM_NUM_THREADS")}
 
 
-def _openblas_info() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        core = _openblas_corename()
-        if core:
-            return f"threadpoolctl not installed; OpenBLAS reports kernel {core}"
-        import io
-        import contextlib
-        import numpy as np
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            np.show_config()
-        lines = [ln.strip() for ln in buf.getvalue().splitlines() if "openblas" in ln.lower() and "config" in ln.lower()]
-        return "threadpoolctl not installed; numpy.show_config: " + (" ".join(lines[:1]) or "no OpenBLAS line")
-    infos = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
-    return "; ".join(f"{i.get('version')} kernel {i.get('architecture')} threads {i.get('num_threads')}" for i in infos)
-
-
-def _openblas_corename() -> str | None:
-    """The kernel OpenBLAS selected at run time (numpy wheels bundle it as scipy_openblas), or None."""
-    import ctypes
-    import glob
-    import numpy as np
-
-    libdir = os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs")
-    for lib in glob.glob(os.path.join(libdir, "*openblas*")):
-        dll = ctypes.CDLL(lib)
-        for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
-                    "openblas_get_corename"):
-            fn = getattr(dll, sym, None)
-            if fn is not None:
-                fn.restype = ctypes.c_char_p
-                return fn().decode()
-    return None
-
-
 def child_numpy(size: int) -> dict:
     import numpy as np
 
@@ -136,7 +99,8 @@ def child_numpy(size: int) -> dict:
         for _ in range(number):
             a @ b
         res.append((time.perf_counter() - t) / number)
-    return {"seconds": statistics.median(res), "openblas": _openblas_info()}
+    from benchutil import openblas_info
+    return {"seconds": statistics.median(res), "openblas": openblas_info()}
 
 
 def _run_child(kind: str, args) -> dict:

@@ -16,11 +16,11 @@ benchmarking: with torch installed, `import tvm` imports it too (about 2.5 s mor
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
+
+from benchutil import peers, time_alternately
 
 CASES = [
     ("matmul", {"M": 1024, "N": 1024, "K": 1024}),
@@ -30,52 +30,6 @@ CASES = [
     ("reduce_sum", {"M": 4096, "N": 4096}),
     ("add_relu", {"M": 4096, "N": 4096}),
 ]
-
-
-def peers(op: str, shape: dict, arrays: list[np.ndarray]):
-    """(name, callable) of the peer implementations of one operator on ``arrays``."""
-    out = []
-    if op in ("matmul", "batch_matmul"):
-        a, b = arrays
-        out.append(("numpy", lambda: np.matmul(a, b)))
-    elif op == "reduce_sum":
-        (a,) = arrays
-        out.append(("numpy", lambda: a.sum(axis=1)))
-    elif op == "add_relu":
-        a, b = arrays
-        c = np.empty_like(a)
-        out.append(("numpy", lambda: np.maximum(np.add(a, b, out=c), 0, out=c)))
-    try:
-        import torch
-    except ImportError:
-        return out
-    t = [torch.from_numpy(x) for x in arrays]
-    if op in ("matmul", "batch_matmul"):
-        out.append(("torch", lambda: torch.matmul(t[0], t[1])))
-    elif op == "conv2d":
-        x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)  # NHWC data, NCHW view
-        w = t[1].permute(3, 2, 0, 1).contiguous()  # RSCK -> KCRS
-        stride, pad = shape.get("stride", 1), shape.get("pad", 0)
-        out.append(("torch", lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)))
-    elif op == "reduce_sum":
-        out.append(("torch", lambda: t[0].sum(dim=1)))
-    elif op == "add_relu":
-        out.append(("torch", lambda: torch.relu(t[0] + t[1])))
-    return out
-
-
-def median_seconds(fn, target: float = 0.05, repeats: int = 3) -> float:
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    number = max(1, int(target / max(time.perf_counter() - t0, 1e-7)))
-    res = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        res.append((time.perf_counter() - t) / number)
-    return statistics.median(res)
 
 
 def main(argv=None) -> int:
@@ -110,12 +64,9 @@ def main(argv=None) -> int:
         targs.append(tvm.runtime.empty(spec.output_shape(full), "float32", dev))
         res.module["main"](*targs)
         np.testing.assert_allclose(targs[-1].numpy(), spec.reference(arrays, full), rtol=1e-4, atol=1e-4)
-        impls = [("roller", lambda: res.module["main"](*targs))] + peers(op, full, arrays)
-        times: dict[str, list[float]] = {name: [] for name, _ in impls}
-        for _ in range(args.rounds):
-            for name, fn in impls:
-                times[name].append(median_seconds(fn))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        found = peers(op, full, arrays, spec.output_shape(full))
+        impls = [("roller", lambda: res.module["main"](*targs))] + [(p.name, p.run) for p in found]
+        med = time_alternately(impls, rounds=args.rounds)
         flops = spec.flops(full)
         nbytes = sum(a.nbytes for a in arrays) + targs[-1].numpy().nbytes
         unit = (lambda s: f"{flops / s / 1e9:7.1f} GFLOP/s") if op in ("matmul", "batch_matmul", "conv2d") else \

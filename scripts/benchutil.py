@@ -1,0 +1,182 @@
+"""What the benchmark scripts share: timing implementations alternately, the peer implementations
+(numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel numpy runs.
+
+Imported by scripts/bench_ops.py, scripts/bench_suite.py and scripts/bench_matmul.py (run as
+``python scripts/NAME.py``, which puts scripts/ on sys.path).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+
+def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` timed batches of ~``target`` seconds each.
+
+    A warm-up of ~``target`` seconds (at least 3 calls) comes first: first calls pay for JIT compilation,
+    primitive caches (oneDNN) and page faults, and sizing the batches from one of those would make
+    each batch a single slow call."""
+    best, n, end = math.inf, 0, time.perf_counter() + target
+    while n < 3 or time.perf_counter() < end:
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        n += 1
+    number = max(1, int(target / max(best, 1e-7)))
+    res = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        res.append((time.perf_counter() - t) / number)
+    return statistics.median(res)
+
+
+def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
+                     repeats: int = 3) -> dict[str, float]:
+    """Median seconds per call of each (name, fn), timed in turn ``rounds`` times in this process.
+
+    Alternating (rather than timing one implementation, then the next) exposes every implementation to
+    the same drift of a shared machine (other jobs, clock changes)."""
+    times: dict[str, list[float]] = {name: [] for name, _ in impls}
+    for _ in range(rounds):
+        for name, fn in impls:
+            times[name].append(median_seconds(fn, target, repeats))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers
+
+@dataclass
+class Peer:
+    """One peer implementation: ``run()`` computes the operator (into a preallocated output where the
+    library has ``out=``) and returns the result; ``to_numpy(result)`` gives it in roller's output
+    layout, for checking the peer computes the same thing."""
+
+    name: str
+    run: Callable[[], Any]
+    to_numpy: Callable[[Any], np.ndarray]
+    note: str = ""
+
+
+def numpy_peer(op: str, shape: Mapping[str, int], arrays: Sequence[np.ndarray], out: np.ndarray,
+               options: Mapping[str, str] | None = None) -> Peer | None:
+    """numpy's implementation of ``op`` on ``arrays`` writing into ``out``, or None if it has none.
+    matmul and batch_matmul run in OpenBLAS (threaded); numpy's elementwise ops and sums use one thread."""
+    options = options or {}
+    if op in ("matmul", "batch_matmul"):
+        a, b = arrays
+        if options.get("layout") == "nt":  # B is [N, K]: a transposed view, BLAS reads it as such
+            b = np.swapaxes(b, -1, -2)
+        return Peer("numpy", lambda: np.matmul(a, b, out=out), np.asarray, "OpenBLAS")
+    if op == "reduce_sum":
+        (a,) = arrays
+        return Peer("numpy", lambda: np.sum(a, axis=1, out=out), np.asarray, "1 thread")
+    if op == "add_relu":
+        a, b = arrays
+
+        def add_relu():
+            np.add(a, b, out=out)
+            return np.maximum(out, 0, out=out)
+        return Peer("numpy", add_relu, np.asarray, "1 thread")
+    return None
+
+
+def torch_peer(op: str, shape: Mapping[str, int], arrays: Sequence[np.ndarray], out: np.ndarray,
+               options: Mapping[str, str] | None = None) -> Peer | None:
+    """PyTorch's implementation of ``op`` (None if torch is not installed or has no counterpart).
+    Convolutions and pooling run on channels_last tensors, so the data stays NHWC as roller's does;
+    ``out=`` is used where the function has it. The caller sets torch's thread count."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    options = options or {}
+    t = [torch.from_numpy(x) for x in arrays]
+    o = torch.from_numpy(out)
+    plain = lambda r: r.numpy()  # noqa: E731
+    nhwc = lambda r: r.permute(0, 2, 3, 1).numpy()  # channels_last NCHW view -> NHWC array  # noqa: E731
+    if op in ("matmul", "batch_matmul"):
+        a, b = t
+        if options.get("layout") == "nt":
+            b = b.transpose(-1, -2)
+        return Peer("torch", lambda: torch.matmul(a, b, out=o), plain)
+    if op == "reduce_sum":
+        return Peer("torch", lambda: torch.sum(t[0], dim=1, out=o), plain)
+    if op == "add_relu":
+        return Peer("torch", lambda: torch.relu_(torch.add(t[0], t[1], out=o)), plain)
+    stride, pad, dil = shape.get("stride", 1), shape.get("pad", 0), shape.get("dilation", 1)
+    if op in ("conv2d", "depthwise_conv2d", "pool2d"):
+        x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)  # NHWC data, NCHW view
+    if op == "conv2d":
+        w = t[1].permute(3, 2, 0, 1).contiguous()  # [R, S, C/groups, K] -> [K, C/groups, R, S]
+        groups = shape.get("groups", 1)
+        return Peer("torch", lambda: F.conv2d(x, w, stride=stride, padding=pad, dilation=dil, groups=groups), nhwc)
+    if op == "depthwise_conv2d":
+        w = t[1].permute(2, 0, 1).unsqueeze(1).contiguous()  # [R, S, C] -> [C, 1, R, S]
+        groups = shape["C"]
+        return Peer("torch", lambda: F.conv2d(x, w, stride=stride, padding=pad, dilation=dil, groups=groups), nhwc)
+    if op == "pool2d":
+        kernel = (shape["R"], shape["S"])
+        if options.get("kind", "max") == "max":
+            return Peer("torch", lambda: F.max_pool2d(x, kernel, stride=stride, padding=pad), nhwc)
+        return Peer("torch", lambda: F.avg_pool2d(x, kernel, stride=stride, padding=pad), nhwc)
+    return None
+
+
+def peers(op: str, shape: Mapping[str, int], arrays: Sequence[np.ndarray], out_shape: Sequence[int],
+          options: Mapping[str, str] | None = None, use_torch: bool = True) -> list[Peer]:
+    """The peers of ``op`` (numpy, then PyTorch), each with its own preallocated output."""
+    found = [numpy_peer(op, shape, arrays, np.empty(out_shape, arrays[0].dtype), options)]
+    if use_torch:
+        found.append(torch_peer(op, shape, arrays, np.empty(out_shape, arrays[0].dtype), options))
+    return [p for p in found if p is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenBLAS
+
+def openblas_info() -> str:
+    """Which OpenBLAS numpy runs: version, kernel (core type) and threads, via threadpoolctl when
+    installed, else OpenBLAS's own get_corename, else numpy.show_config."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        core = _openblas_corename()
+        if core:
+            return f"threadpoolctl not installed; OpenBLAS reports kernel {core}"
+        import contextlib
+        import io
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            np.show_config()
+        lines = [ln.strip() for ln in buf.getvalue().splitlines() if "openblas" in ln.lower() and "config" in ln.lower()]
+        return "threadpoolctl not installed; numpy.show_config: " + (" ".join(lines[:1]) or "no OpenBLAS line")
+    infos = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    return "; ".join(f"OpenBLAS {i.get('version')} kernel {i.get('architecture')} threads {i.get('num_threads')}"
+                     for i in infos) or "threadpoolctl finds no OpenBLAS loaded"
+
+
+def _openblas_corename() -> str | None:
+    """The kernel OpenBLAS selected at run time (numpy wheels bundle it as scipy_openblas), or None."""
+    libdir = os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs")
+    for lib in glob.glob(os.path.join(libdir, "*openblas*")):
+        dll = ctypes.CDLL(lib)
+        for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                    "openblas_get_corename"):
+            fn = getattr(dll, sym, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
