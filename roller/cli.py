@@ -32,6 +32,7 @@ def _fmt_seconds(s: float | None) -> str:
 def _print_build(report: dict, saved: dict | None) -> None:
     chosen = report["candidates"][report["chosen"]]
     shape = ",".join(f"{k}={v}" for k, v in report["shape"].items())
+    shape += "".join(f" --{k} {v}" for k, v in report.get("options", {}).items())
     cal = "calibrated" if report.get("device_calibrated") else "datasheet figures (run `roller calibrate`)"
     print(f"roller build {report['op']} {shape} {report['dtype']} on {report['device']} "
           f"({report['threads']} threads, model: {cal})")
@@ -55,11 +56,13 @@ def cmd_build(args) -> int:
     from . import api, ops
     from .output import check_out_dir
 
-    shape = ops.parse_shape(args.op, args.shape)
+    options = {k: getattr(args, k) for k in ops.option_names() if getattr(args, k) is not None}
+    spec = ops.get_op(args.op).with_options(**options)  # `matmul --kind max`: one clear line, before building
+    shape = ops.parse_shape(spec, args.shape, args.dtype)
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
     result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
-                          progress=not args.json and sys.stderr.isatty())
+                          progress=not args.json and sys.stderr.isatty(), **options)
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
@@ -100,7 +103,7 @@ def cmd_devices(args) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from .ops import OPS
+    from .ops import OPS, option_names
 
     p = argparse.ArgumentParser(prog="roller", description="Fast tensor kernels by construction (Roller) on TVM.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -112,6 +115,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="sizes as NAME=V,...: " + "; ".join(f"{n}: {','.join(s.shape_keys)}"
                                                            + (f" [+{','.join(s.optional_keys)}]" if s.optional_keys else "")
                                                            for n, s in sorted(OPS.items())))
+    for opt, owners in option_names().items():  # validated by the operator (one error line), not by argparse
+        allowed = OPS[owners[0]].options[opt]
+        b.add_argument(f"--{opt}", metavar="|".join(allowed),
+                       help=f"{', '.join(owners)} only: {' or '.join(allowed)} (default {allowed[0]})")
     b.add_argument("--dtype", default="float32", help="element type (default float32)")
     b.add_argument("--device", default=None, help="'host' (default), a shipped spec name, or a YAML spec path")
     b.add_argument("--topk", type=int, default=10, help="candidates to build and time (default 10)")

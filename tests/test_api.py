@@ -38,6 +38,34 @@ def test_build_op_matches_numpy(op, shape):
     np.testing.assert_allclose(out, spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
 
 
+# the operators added with string options, groups and dilation: top-1 only (no profiling), to stay fast
+TOP1_CASES = [
+    ("depthwise_conv2d", {"N": 1, "H": 9, "W": 7, "C": 5, "R": 3, "S": 3, "stride": 2, "pad": 1}, {}),
+    ("depthwise_conv2d", {"N": 2, "H": 7, "W": 11, "C": 3, "R": 3, "S": 2, "pad": 2, "dilation": 2}, {}),
+    ("pool2d", {"N": 1, "H": 9, "W": 7, "C": 5, "R": 3, "S": 3, "stride": 2, "pad": 1}, {}),
+    ("pool2d", {"N": 1, "H": 9, "W": 7, "C": 5, "R": 3, "S": 3, "stride": 2, "pad": 1}, {"kind": "avg"}),
+    ("pool2d", {"N": 2, "H": 13, "W": 1, "C": 17, "R": 2, "S": 1, "stride": 2}, {"kind": "max"}),
+    ("conv2d", {"N": 1, "H": 9, "W": 7, "C": 6, "K": 9, "R": 3, "S": 3, "pad": 1, "groups": 3}, {}),
+    ("conv2d", {"N": 1, "H": 11, "W": 9, "C": 3, "K": 5, "R": 3, "S": 3, "stride": 2, "pad": 2, "dilation": 2}, {}),
+    ("matmul", {"M": 17, "N": 33, "K": 31}, {"layout": "nt"}),
+]
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("op,shape,options", TOP1_CASES,
+                         ids=["-".join([o, *opt.values(), "x".join(map(str, s.values()))]) for o, s, opt in TOP1_CASES])
+def test_build_op_top1_new_operators_match_numpy(op, shape, options):
+    res = roller.build_op(op, shape, profile=False, **options)
+    spec = ops.OPS[op].with_options(**options)
+    rep = res.report
+    assert rep["verified"] and rep["op"] == op and rep["options"] == spec.option_values
+    assert list(rep)[:3] == ["op", "shape", "options"] and len(rep["candidates"]) == 1
+    full = ops.validate_shape(spec, shape, "float32")
+    arrays = spec.inputs(full, "float32", np.random.default_rng(7))  # fresh data, not the checking inputs
+    out = run_module(res.module, arrays, spec.output_shape(full), spec.out_dtype("float32"))
+    np.testing.assert_allclose(out, spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.build
 def test_build_any_primfunc_with_epilogue_against_numpy():
     from tvm import te, tirx
@@ -68,6 +96,12 @@ def test_bad_inputs_raise_clear_errors():
         roller.build_op("nosuch", {"M": 1})
     with pytest.raises(InvalidShapeError, match="M"):
         roller.build_op("matmul", {"M": 0, "N": 1, "K": 1})
+    with pytest.raises(InvalidShapeError, match=r"matmul has no option 'kind' \(an option of pool2d\)"):
+        roller.build_op("matmul", {"M": 1, "N": 1, "K": 1}, kind="max")
+    with pytest.raises(InvalidShapeError, match="kind='median' is not allowed: use one of max, avg"):
+        roller.build_op("pool2d", {"N": 1, "H": 4, "W": 4, "C": 1, "R": 2, "S": 2}, kind="median")
+    with pytest.raises(InvalidShapeError, match="kind=avg needs a floating-point dtype"):
+        roller.build_op("pool2d", {"N": 1, "H": 4, "W": 4, "C": 1, "R": 2, "S": 2}, "int8", kind="avg")
     from tvm import te
     A = te.placeholder((8,), name="A")
     idx = te.placeholder((8,), name="idx", dtype="int32")

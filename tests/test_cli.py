@@ -24,6 +24,14 @@ def run(capsys, *argv):
     (["build", "matmul", "--shape", f"M={1 << 40},N=4,K=4"], "M"),
     (["build", "conv2d", "--shape", "N=1,H=2,W=2,C=1,K=1,R=5,S=5"], "R"),
     (["build", "matmul", "--shape", "M=4,N=4,K=4", "--device", "no-such-device"], "no-such-device"),
+    (["build", "matmul", "--kind", "max", "--shape", "M=4,N=4,K=4"],
+     "matmul has no option 'kind' (an option of pool2d)"),
+    (["build", "conv2d", "--layout", "nt", "--shape", "N=1,H=4,W=4,C=1,K=1,R=1,S=1"], "conv2d has no option 'layout'"),
+    (["build", "pool2d", "--kind", "min", "--shape", "N=1,H=4,W=4,C=1,R=2,S=2"], "use one of max, avg"),
+    (["build", "matmul", "--layout", "tn", "--shape", "M=4,N=4,K=4"], "use one of nn, nt"),
+    (["build", "pool2d", "--kind", "avg", "--dtype", "int8", "--shape", "N=1,H=4,W=4,C=1,R=2,S=2"], "floating-point"),
+    (["build", "pool2d", "--shape", "N=1,H=4,W=4,C=1,R=2,S=2,pad=2"], "more than half the window"),
+    (["build", "conv2d", "--shape", "N=1,H=4,W=4,C=3,K=4,R=1,S=1,groups=2"], "C=3 is not divisible by groups=2"),
 ])
 def test_bad_input_is_one_line_and_nonzero(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -79,6 +87,19 @@ def test_build_json_keys_and_saved_kernel_matches_numpy(capsys, tmp_path):
     lib["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
     assert json.loads((tmp_path / "matmul.json").read_text())["program"]["levels"] == ["reg", "L1", "L2"]
+
+
+@pytest.mark.build
+def test_build_options_in_json_and_human_output(capsys):
+    code, out, err = run(capsys, "build", "pool2d", "--kind", "avg", "--no-profile", "--json",
+                         "--shape", "N=1,H=7,W=9,C=3,R=3,S=3,stride=2,pad=1")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["op"] == "pool2d" and rep["options"] == {"kind": "avg"} and rep["verified"] is True
+    assert rep["shape"] == {"N": 1, "H": 7, "W": 9, "C": 3, "R": 3, "S": 3, "stride": 2, "pad": 1}
+    code, out, err = run(capsys, "build", "matmul", "--layout", "nt", "--shape", "M=9,N=17,K=5", "--no-profile")
+    assert code == 0, err
+    assert out.startswith("roller build matmul M=9,N=17,K=5 --layout nt float32") and "numpy: yes" in out
 
 
 @pytest.mark.build
