@@ -122,8 +122,11 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
     if epilogue is not None:
         output = _fold_epilogue(sch.get(blocks[epilogue]), store, var_axis, inputs, f"{ctx}, block {epilogue!r}")
         stages = stages + (epilogue,)
+    neutral = tuple(a.name for a, iv in zip(axes, main.iter_vars)
+                    if a.kind == REDUCE and zero_padding_is_neutral(main, [iv.var]))
     expr = Expr(name=name or main_name, axes=axes, inputs=tuple(inputs.values()), output=output,
-                flops_per_point=_count_flops(store.value, bctx), block=main_name, epilogue=stages)
+                flops_per_point=_count_flops(store.value, bctx), block=main_name, epilogue=stages,
+                zero_pad_axes=neutral)
     return expr, accumulator
 
 
@@ -470,3 +473,48 @@ def _count_flops(expr, bctx: str) -> int:
 
     _walk(expr, visit)
     return count[0]
+
+
+def zero_padding_is_neutral(block, reduce_vars) -> bool:
+    """Whether padding the reduce iter vars ``reduce_vars`` with zero inputs leaves the result unchanged.
+
+    pad_einsum reads 0 where a padded index is out of range. A padded reduction step then adds a term
+    that must be 0: the block must be ``out = out + term`` and ``term`` zero whenever the loads indexed
+    by a padded reduce var are zero (a load, a product with such a factor, casts, sums of such terms).
+    """
+    from tvm import ir, tirx
+
+    if not reduce_vars:
+        return True
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return False
+    a, b = store.value.a, store.value.b
+
+    def is_acc(e):
+        return isinstance(e, ir.expr.TensorLoad) and e.source.same_as(store.buffer)
+    term = b if is_acc(a) else a if is_acc(b) else None
+    if term is None:
+        return False
+    return all(_zero_if_padded(term, v) for v in reduce_vars)
+
+
+def _zero_if_padded(e, var) -> bool:
+    """Whether ``e`` is 0 whenever every load indexed by ``var`` reads 0."""
+    from tvm import ir, tirx
+
+    if isinstance(e, ir.expr.TensorLoad):
+        return any(_uses(i, var) for i in e.indices)
+    if isinstance(e, tirx.Cast):
+        return _zero_if_padded(e.value, var)
+    if isinstance(e, tirx.Mul):
+        return _zero_if_padded(e.a, var) or _zero_if_padded(e.b, var)
+    if isinstance(e, (tirx.Add, tirx.Sub)):
+        return _zero_if_padded(e.a, var) and _zero_if_padded(e.b, var)
+    return False
+
+
+def _uses(index, var) -> bool:
+    from tvm import tirx
+
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))

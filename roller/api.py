@@ -117,6 +117,8 @@ def _candidate_report(p: RProgram, c) -> dict:
         "compile_seconds": c.compile_seconds,
         "verified": bool(c.verified),
         "error": c.error,
+        "notes": list(c.notes),
+        "vector_axis": p.vector_axis, "padded": list(p.padded), "predicated": list(p.predicated),
         "footprint_bytes": dict(p.footprint_bytes),
         "traffic_bytes": dict(p.traffic_bytes),
     }

@@ -18,10 +18,11 @@ from typing import Mapping
 from .device import Device
 from .errors import InvalidShapeError, UnsupportedExpressionError
 from .expr import REDUCE, Expr
-from .model import Estimate, estimate, rank
+from .model import Estimate, compute_rate, data_source, estimate, rank
 from .rprogram import RProgram
-from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, footprint, level_footprints, next_aligned,
-                    packing, packing_bytes, reuse_score, tile_counts, traffic)
+from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
+                    next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic, vector_candidates)
+from .tails import overhangs, partial_sums, tail_options, tiling_extents
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -37,12 +38,13 @@ class Construction:
     seconds: float
 
 
-def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: float) -> dict[str, int] | None:
+def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: float,
+                extents: Mapping[str, int]) -> dict[str, int] | None:
     """The smallest tile at this level that nests the seed and follows the level's alignment."""
     tile = {}
     for a in expr.axes:
         lower = seed.get(a.name, 1)
-        size = next_aligned(a.extent, lower - 1, axis_step(expr, a.name, rules), lower, eps)
+        size = next_aligned(extents[a.name], lower - 1, axis_step(expr, a.name, rules), lower, eps)
         if size is None:
             return None
         tile[a.name] = size
@@ -50,14 +52,16 @@ def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: flo
 
 
 def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, device: Device,
-                   below_bw_gbps: float) -> bool:
-    """Whether filling this level costs less time than computing on it (the tile is big enough)."""
-    compute = expr.flops / (device.units.peak(expr.in_dtype) * 1e9)
+                   below_bw_gbps: float, reg: Mapping[str, int]) -> bool:
+    """Whether filling this level costs less time than computing on it (the tile is big enough), at the
+    rate the register tile ``reg`` computes (the model's, accumulator efficiency included)."""
+    compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis) * 1e9)
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 
 def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[str, int]], eps: float,
-             bounds: Mapping[str, int] | None = None, units_floor: int = 1) -> list[dict[str, int]]:
+             bounds: Mapping[str, int] | None = None, units_floor: int = 1,
+             vector_axis: str | None = None) -> list[dict[str, int]]:
     """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
     ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
 
@@ -69,21 +73,24 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     reloads of the child's output tile.
     """
     bounds = bounds or {}
-    rules = LevelRules.of(device, index, expr)
+    if vector_axis is None:
+        vector_axis = expr.vector_axis
+    rules = LevelRules.of(device, index, expr, vector_axis)
+    extents = tiling_extents(expr, vector_axis, rules.lanes)
     levels = device.private_levels
     top = index == len(levels) - 1
-    source = levels[index + 1] if not top else device.shared_levels[0]
+    source = levels[index + 1] if not top else data_source(expr, device)
     seed = below_tiles[-1] if below_tiles else {}
-    tile = _first_tile(expr, rules, seed, eps)
+    tile = _first_tile(expr, rules, seed, eps, extents)
 
     def held(t: dict[str, int]) -> int:
         """Bytes the tile holds at this level; at the top, with the copies of the inputs it packs."""
-        extra = packing_bytes(expr, list(below_tiles) + [t], device) if top and below_tiles else 0
+        extra = packing_bytes(expr, list(below_tiles) + [t], device, vector_axis) if top and below_tiles else 0
         return footprint(expr, t, rules) + extra
 
     if tile is None or held(tile) > rules.capacity:
         return []
-    child_rules = LevelRules.of(device, index - 1, expr) if below_tiles else None
+    child_rules = LevelRules.of(device, index - 1, expr, vector_axis) if below_tiles else None
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
     contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
@@ -93,13 +100,14 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         """The greedy path from ``tile`` (never growing ``frozen``) and its first compute-bound tile."""
         path, first_bound = [tile], None
         while True:
-            if first_bound is None and _compute_bound(expr, tile, rules, device, source.bandwidth_gbps):
+            if first_bound is None and _compute_bound(expr, tile, rules, device, source.bandwidth_gbps,
+                                                      below_tiles[0] if below_tiles else tile):
                 first_bound = tile
             best = fallback = None
             for a in expr.axes:
                 if a.name == frozen:
                     continue
-                nxt = next_aligned(a.extent, tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
+                nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
                 if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
                     continue
                 grown = {**tile, a.name: nxt}
@@ -110,9 +118,10 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                 score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules)
                 if score > 0 and (best is None or score > best[0]):
                     best = (score, grown)
-                elif score == 0 and a.kind != REDUCE:
-                    # no reuse along any axis (elementwise): bigger tiles still amortise loop overhead;
-                    # grow the spatial axis contiguous in most tensors (the last such in loop order)
+                elif a.kind != REDUCE and (score == 0 or (score < 0 and not expr.reduce_axes)):
+                    # no reuse along any axis (elementwise; a negative score there is only the padding of
+                    # an overhanging tile): bigger tiles still amortise loop overhead; grow the spatial
+                    # axis contiguous in most tensors (the last such in loop order)
                     rank = (contiguity[a.name], order[a.name])
                     if fallback is None or rank > fallback[0]:
                         fallback = (rank, grown)
@@ -136,19 +145,25 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     return out[:BRANCH]
 
 
-def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate) -> RProgram:
-    packed, pads = packing(expr, tiles, device)
+def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
+             vector_axis: str | None, padded: tuple[str, ...]) -> RProgram:
+    """The plan with every layout choice the generated code depends on (see RProgram)."""
+    packed, pads = packing(expr, tiles, device, vector_axis)
+    lanes = compute_lanes(expr, device)
+    predicated = () if padded else overhangs(expr, tiles)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
-    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device)
+    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, vector_axis)
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
-        units=est.units, waves=est.waves, vector_axis=expr.vector_axis, packed=packed, storage_pad=pads,
+        units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
+        padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
         predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
         footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
 
-def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int]) -> list[list[dict[str, int]]]:
+def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
+           vector_axis: str | None) -> list[list[dict[str, int]]]:
     """Every combination of the per-level tiles scale_up carries on (depth first, bottom level first)."""
     n = len(device.private_levels)
     units = device.units.count
@@ -156,7 +171,7 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int]) ->
 
     def walk(index: int, acc: list[dict[str, int]]):
         floor = units if index == n - 1 else 1
-        for tile in scale_up(expr, device, index, acc, eps, bounds, units_floor=floor):
+        for tile in scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis):
             if index == n - 1:
                 out.append(acc + [tile])
             else:
@@ -176,18 +191,26 @@ def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
 
 
 def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProgram]:
-    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated."""
-    plans = _plans(expr, device, epsilon, {})
-    ests = [estimate(expr, p, device) for p in plans]
-    if not ests or max(e.units for e in ests) < device.units.count:
-        for b in _shrink_bounds(expr, device):
-            more = _plans(expr, device, epsilon, b)
-            plans += more
-            ests += [estimate(expr, p, device) for p in more]
+    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated.
+
+    The vector axis is a choice like the tile sizes: plans are built for every candidate
+    (``rtile.vector_candidates``), each with its own level-0 rules, and ranked together."""
+    plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...]]] = []
+    ests: list[Estimate] = []
+    for va in vector_candidates(expr) or (None,):
+        found = _plans(expr, device, epsilon, {}, va)
+        if not found or max(estimate(expr, p, device, va).units for p in found) < device.units.count:
+            for b in _shrink_bounds(expr, device):
+                found += _plans(expr, device, epsilon, b, va)
+        for tiles in found:  # each way to cover the overhanging axes is a plan of its own
+            for padded, _ in tail_options(expr, tiles):
+                plans.append((va, tiles, padded))
+                ests.append(estimate(expr, tiles, device, va, padded))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
     seen, out = set(), []
     for est, i in ranked:
-        prog = _program(expr, plans[i], device, epsilon, est)
+        va, tiles, padded = plans[i]
+        prog = _program(expr, tiles, device, epsilon, est, va, padded)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)
@@ -226,19 +249,22 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
 
     rng = random.Random(seed)
     levels = device.private_levels
+    candidates = vector_candidates(expr) or (None,)
     seen, out = set(), []
     for _ in range(attempts):
         if len(out) >= count:
             break
         tiles: list[dict[str, int]] = []
         ok = True
+        va = rng.choice(candidates)
+        extents = tiling_extents(expr, va, compute_lanes(expr, device))
         for i in range(len(levels)):
-            rules = LevelRules.of(device, i, expr)
+            rules = LevelRules.of(device, i, expr, va)
             lower = tiles[-1] if tiles else {}
             limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
             tile = {}
             for a in expr.axes:
-                sizes = aligned_sizes(a.extent, axis_step(expr, a.name, rules), lower.get(a.name, 1), epsilon, limit)
+                sizes = aligned_sizes(extents[a.name], axis_step(expr, a.name, rules), lower.get(a.name, 1), epsilon, limit)
                 if not sizes:
                     ok = False
                     break
@@ -247,10 +273,11 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             if not ok:
                 break
             tiles.append(tile)
-        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(expr, tiles, device), levels)):
+        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(expr, tiles, device, va), levels)):
             continue
-        est = estimate(expr, tiles, device)
-        prog = _program(expr, tiles, device, epsilon, est)
+        padded = rng.choice(tail_options(expr, tiles))[0]
+        est = estimate(expr, tiles, device, va, padded)
+        prog = _program(expr, tiles, device, epsilon, est, va, padded)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

@@ -75,6 +75,9 @@ class Expr:
     flops_per_point: int = 2
     block: str = ""
     epilogue: tuple[str, ...] = field(default=())  # names of inlined elementwise stages, for reports
+    # reduce axes along which zero-padded inputs leave the result unchanged (a sum of products with a
+    # factor they index); filled by roller.analysis, empty when unknown (such axes are then predicated)
+    zero_pad_axes: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
@@ -131,16 +134,12 @@ class Expr:
 
     @property
     def vector_axis(self) -> str | None:
-        """The axis to vectorize: the one that indexes the contiguous dimension of the most tensor bytes
-        (the output's contiguous spatial axis for matmul and conv, the reduced axis for a row sum).
-        Ties go to a spatial axis, then to the output's."""
-        weight: dict[str, tuple[int, int, int]] = {}
-        for t in self.tensors:
-            for a in t.innermost_axes():
-                w, _, _ = weight.get(a, (0, 0, 0))
-                weight[a] = (w + math.prod(t.shape), int(self.axis(a).kind == SPATIAL),
-                             int(a in self.output.innermost_axes()))
-        return max(weight, key=lambda a: weight[a]) if weight else None
+        """The first vector-axis candidate (``roller.rtile.vector_candidates``): the axis contiguous in
+        the most tensor bytes. A default for reports and tests; plans carry their own choice."""
+        from .rtile import vector_candidates
+
+        cands = vector_candidates(self)
+        return cands[0] if cands else None
 
     def to_dict(self) -> dict:
         return {
@@ -156,16 +155,26 @@ class Expr:
 # ---------------------------------------------------------------------------------------------
 # Axis fusion (the paper's pass for irregular shapes): [17, 11, 3] -> [561].
 
-def _dim_of(t: TensorAccess, axis: str) -> int | None:
-    """The dimension indexed by exactly ``axis`` with coefficient 1, or None."""
+def _dim_of(t: TensorAccess, axis: str, ones: frozenset[str] = frozenset()) -> int | None:
+    """The dimension indexed by exactly ``axis`` with coefficient 1 (besides axes of extent 1, ``ones``,
+    which are always 0: a 1x1 convolution's ``h + r``), or None."""
     for d, dim in enumerate(t.index):
-        if dim == ((axis, 1),):
+        if tuple(p for p in dim if p[0] not in ones) == ((axis, 1),):
             return d
     return None
 
 
+def _ones(expr: Expr) -> frozenset[str]:
+    return frozenset(a.name for a in expr.axes if a.extent == 1)
+
+
 def _can_fuse(expr: Expr, outer: Axis, inner: Axis) -> bool:
     if outer.kind != inner.kind:
+        return False
+    if outer.kind != REDUCE and expr.reduce_axes:
+        # A reduction's register accumulator is written back per tile; over a fused spatial loop TVM
+        # derives that write-back's region through div/mod and over-approximates it to whole rows, so
+        # it writes elements other tiles own (seen on a 1x1 convolution with h and w fused).
         return False
     for t in expr.tensors:
         has_o, has_i = outer.name in t.axes, inner.name in t.axes
@@ -173,7 +182,8 @@ def _can_fuse(expr: Expr, outer: Axis, inner: Axis) -> bool:
             continue
         if has_o != has_i:
             return False
-        do, di = _dim_of(t, outer.name), _dim_of(t, inner.name)
+        ones = _ones(expr)
+        do, di = _dim_of(t, outer.name, ones), _dim_of(t, inner.name, ones)
         if do is None or di is None or di != do + 1 or t.shape[di] != inner.extent or t.shape[do] != outer.extent:
             return False
     return True
@@ -185,7 +195,7 @@ def _fuse_pair(expr: Expr, outer: Axis, inner: Axis) -> Expr:
     def fuse_tensor(t: TensorAccess) -> TensorAccess:
         if outer.name not in t.axes:
             return t
-        d = _dim_of(t, outer.name)
+        d = _dim_of(t, outer.name, _ones(expr))
         shape = t.shape[:d] + (t.shape[d] * t.shape[d + 1],) + t.shape[d + 2:]
         index = t.index[:d] + (((fused.name, 1),),) + t.index[d + 2:]
         return replace(t, shape=shape, index=index)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
-from .expr import Expr
-from .rtile import LevelRules, level_footprints, round_up, tile_counts, traffic
+from .expr import REDUCE, Expr
+from .rtile import LevelRules, compute_lanes, level_footprints, packing, round_up, tile_counts, traffic
+from .tails import copy_bytes, overhangs, partial_sums, scalar_fraction, tail_options, tiling_extents
 
 
 @dataclass(frozen=True)
@@ -63,49 +64,79 @@ def data_source(expr: Expr, device: Device) -> MemoryLevel:
     return shared[-1]
 
 
-def padded_flops(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], lanes: int) -> float:
-    """Flops the kernel executes: tiles that overhang compute padding, and a register tile narrower than a
-    vector along the vector axis still issues whole vectors."""
-    pts = math.prod(round_up(a.extent, top[a.name]) for a in expr.axes)
-    va = expr.vector_axis
-    if va is not None and lanes > 1:
-        t = reg[va]
+def padded_flops(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], lanes: int,
+                 vector_axis: str | None = None) -> float:
+    """Flops the kernel executes: whole top tiles over the tiling extents (the vector axis in whole
+    vectors), and a register tile narrower than a vector along the vector axis still issues whole vectors."""
+    ext = tiling_extents(expr, vector_axis, lanes)
+    pts = math.prod(round_up(ext[a.name], min(top[a.name], ext[a.name])) for a in expr.axes)
+    if vector_axis is not None and lanes > 1:
+        t = min(reg[vector_axis], ext[vector_axis])
         pts *= round_up(t, lanes) / t
     return pts * expr.flops_per_point
 
 
-def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device) -> float:
+def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
+                           vector_axis: str | None = None) -> float:
     """Fraction of peak the register tile can issue: a fused multiply-add waits for the previous one on
     the same accumulator, so peak needs ``units.accumulators_for_peak`` independent accumulator vectors
-    (FMA latency x FMA pipes). A register tile with fewer leaves the pipes idle in proportion."""
+    (FMA latency x FMA pipes). A register tile with fewer leaves the pipes idle in proportion. Along a
+    spatial vector axis the accumulators are the output's vectors; along a reduced one (partial sums)
+    every output element holds its own vector."""
     need = device.units.accumulators_for_peak
     if need <= 1:
         return 1.0
-    lanes = device.units.lanes(expr.in_dtype)
+    lanes = compute_lanes(expr, device)
     out = math.prod(expr.output.region(reg))
-    va = expr.vector_axis
-    vectors = math.ceil(out / lanes) if va is not None and expr.axis(va).kind != "reduce" else out
+    spatial = vector_axis is not None and expr.axis(vector_axis).kind != REDUCE
+    vectors = math.ceil(out / lanes) if spatial else out
     return min(1.0, vectors / need)
 
 
-def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> Estimate:
-    """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``."""
+def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None) -> float:
+    """GFLOP/s one unit issues with this register tile: the accumulation type's peak, scaled by the
+    accumulator efficiency; a reduction that cannot keep vector partial sums runs scalar (1 / lanes)."""
+    lanes = compute_lanes(expr, device)
+    peak = device.units.peak(expr.dtype) * accumulator_efficiency(expr, reg, device, vector_axis)
+    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums(
+            expr, reg, vector_axis, lanes):
+        peak /= lanes
+    return peak
+
+
+def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+             vector_axis: str | None = None, padded: tuple[str, ...] | None = None) -> Estimate:
+    """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``, that vectorizes
+    ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
+    the last of ``roller.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
+    the generated code does: whole vectors (padded flops), copies (packing, padding, the crop) as traffic
+    through the top level, and predicated vector loops at scalar speed."""
     levels = device.private_levels
     if len(tiles) != len(levels):
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
+    if vector_axis is None:
+        vector_axis = expr.vector_axis
     _, spatial = tile_counts(expr, tiles[-1])
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)
-    lanes = device.units.lanes(expr.in_dtype)
-    peak = device.units.peak(expr.in_dtype) * accumulator_efficiency(expr, tiles[0], device)
-    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes) / (peak * 1e9)
+    lanes = compute_lanes(expr, device)
+    rate = compute_rate(expr, tiles[0], device, vector_axis)
+    if padded is None:
+        padded = tail_options(expr, tiles)[-1][0]
+    predicated = () if padded else overhangs(expr, tiles)
+    slow = scalar_fraction(expr, tiles, vector_axis, predicated)
+    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes, vector_axis) * (1 + slow * (lanes - 1)) / (rate * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)
+    packed, _ = packing(expr, list(tiles), device, vector_axis)
+    copies = copy_bytes(expr, tiles[-1], padded, packed)
     mem, traf = {}, {}
-    foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device)))
+    foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
-        rules = LevelRules.of(device, i, expr)
+        rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, tiles[i + 1] if i + 1 < len(tiles) else None)
+        if i == len(levels) - 1:
+            q += copies
         below = levels[i + 1] if i + 1 < len(levels) else source
         bw = below.bandwidth_gbps
         if below.shared:

@@ -49,6 +49,7 @@ class CandidateResult:
     measured_seconds: float | None = None
     error: str | None = None
     lib_path: str | None = None
+    notes: tuple[str, ...] = ()  # schedule steps that did not apply (the plan assumed them)
 
     def summary(self) -> str:
         """One line: the failure, or the measured time."""
@@ -115,12 +116,13 @@ class ProfileResult:
 # Worker side: everything here runs in a child process.
 
 def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Device, out_dir: str,
-                     index: int, hook: Callable | None) -> tuple[str | None, float, str | None]:
+                     index: int, hook: Callable | None) -> tuple[str | None, float, str | None, tuple[str, ...]]:
     """Schedules (unless ``program`` is None), compiles and exports one kernel.
 
-    Returns (library path, compile seconds, error text); errors are returned as text because TVM's
-    exception objects do not always survive pickling.
+    Returns (library path, compile seconds, error text, notes: schedule steps that did not apply); errors
+    are returned as text because TVM's exception objects do not always survive pickling.
     """
+    notes: list[str] = []
     try:
         import tvm
 
@@ -134,17 +136,17 @@ def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Devi
             mod = tvm.IRModule({"main": func})
         else:
             from .codegen import schedule
-            mod = schedule(func, expr, RProgram.from_dict(program), device).mod
+            mod = schedule(func, expr, RProgram.from_dict(program), device, notes).mod
         ex = tvm.compile(mod, target_for(device))
         path = os.path.join(out_dir, f"cand{index}.so")
         ex.export_library(path)
-        return path, time.perf_counter() - t0, None
+        return path, time.perf_counter() - t0, None, tuple(notes)
     except Exception as e:  # reported per candidate; the caller turns all-failed into BuildError
         text = str(e).strip()
         # TVM errors print the whole IR first; the reason is on the last lines.
         lines = [ln for ln in text.splitlines() if ln.strip()]
         short = " | ".join(lines[-2:]) if len(lines) > 2 else " ".join(lines)
-        return None, None, f"{type(e).__name__}: {short}"
+        return None, None, f"{type(e).__name__}: {short}", tuple(notes)
 
 
 @contextlib.contextmanager
@@ -225,7 +227,7 @@ def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], dev
                     fut = pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
                 results[idx] = fut.result()
             except BrokenProcessPool:
-                results[idx] = (None, None, "worker process died while building (TVM crash or abort)")
+                results[idx] = (None, None, "worker process died while building (TVM crash or abort)", ())
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
             if progress is not None:
@@ -348,8 +350,9 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         cands = []
         modules = {}
         for i, prog in enumerate(programs):
-            path, secs, err = built[i]
-            c = CandidateResult(index=i, program=prog, compile_seconds=secs, error=err, lib_path=path)
+            path, secs, err, notes = built[i]
+            c = CandidateResult(index=i, program=prog, compile_seconds=secs, error=err, lib_path=path,
+                                notes=notes)
             cands.append(c)
             if path is None:
                 continue

@@ -29,6 +29,9 @@ class RProgram:
     vector_axis: str | None = None
     packed: tuple[str, ...] = ()
     storage_pad: Mapping[str, int] = field(default_factory=dict)  # tensor -> elements padded per row
+    padded: tuple[str, ...] = ()      # axes run over whole top tiles on zero-padded copies (roller.tails)
+    predicated: tuple[str, ...] = ()  # overhanging axes left to bounds checks
+    partial_sums: bool = False        # a reduced vector axis keeps vectors of partial sums (rfactor)
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
@@ -45,8 +48,9 @@ class RProgram:
 
     @property
     def key(self) -> tuple:
-        """Identity of the plan (tiles and packing), for de-duplication."""
-        return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.packed)
+        """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums)."""
+        return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
+                tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums)
 
     def problem(self, axes: list[str]) -> str | None:
         """Why the plan breaks the tile contract for an expression with these axis names, or None:
@@ -69,6 +73,7 @@ class RProgram:
             "tiles": {lv: dict(t) for lv, t in zip(self.levels, self.tiles)},
             "grid": dict(self.grid), "units": self.units, "waves": self.waves,
             "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
+            "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
@@ -81,6 +86,8 @@ class RProgram:
             levels=levels, tiles=tuple(dict(d["tiles"][lv]) for lv in levels), grid=dict(d["grid"]),
             units=int(d["units"]), waves=int(d["waves"]), vector_axis=d.get("vector_axis"),
             packed=tuple(d.get("packed", ())), storage_pad=dict(d.get("storage_pad", {})),
+            padded=tuple(d.get("padded", ())), predicated=tuple(d.get("predicated", ())),
+            partial_sums=bool(d.get("partial_sums", False)),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),

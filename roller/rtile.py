@@ -26,9 +26,48 @@ def round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
+def clamp_tiles(extent: int, sizes: list[int]) -> tuple[int, ...]:
+    """Tile sizes (reg first) clamped so that no level is larger than needed to cover ``extent``.
+
+    Keeps each level a multiple of the one below it: a level that already covers the extent becomes
+    the smallest multiple of the level below that does.
+    """
+    out: list[int] = []
+    for s in sizes:
+        if s <= 0:
+            raise ValueError(f"tile size {s} is not positive")
+        if not out:
+            out.append(min(s, extent))
+            continue
+        prev = out[-1]
+        if s % prev and prev == sizes[len(out) - 1]:
+            raise ValueError(f"tile sizes {sizes}: {s} is not a multiple of the level below ({prev})")
+        out.append(min(s, math.ceil(extent / prev) * prev) if prev < extent else prev)
+    return tuple(out)
+
+
 def padding_waste(extent: int, tile: int) -> float:
     """Fraction of padded work when ``extent`` is covered by tiles of ``tile``: (S - N mod S) / N."""
     return (round_up(extent, tile) - extent) / extent
+
+
+def compute_lanes(expr: Expr, device: Device) -> int:
+    """SIMD lanes of the arithmetic: the accumulation type's (an int8 product accumulates in int32
+    lanes), as code generation emits it."""
+    return device.units.lanes(expr.dtype)
+
+
+def vector_candidates(expr: Expr) -> tuple[str, ...]:
+    """The axes a plan may vectorize: every axis that indexes some tensor's contiguous dimension with
+    coefficient 1, most tensor bytes first (ties: spatial, then the output's). Construction builds plans
+    for each; the model ranks them (gathers and broadcasts are charged at level 0)."""
+    weight: dict[str, tuple[int, int, int]] = {}
+    for t in expr.tensors:
+        for a in t.innermost_axes():
+            w, _, _ = weight.get(a, (0, 0, 0))
+            weight[a] = (w + math.prod(t.shape), int(expr.axis(a).kind != REDUCE),
+                         int(a in expr.output.innermost_axes()))
+    return tuple(sorted(weight, key=lambda a: weight[a], reverse=True))
 
 
 @dataclass(frozen=True)
@@ -36,18 +75,28 @@ class LevelRules:
     """The alignment and storage facts of one memory level that tiles held there must follow.
 
     ``index`` is the level's position (0 = nearest compute). At level 0 the minimum schedulable unit
-    applies (``lanes`` along the vector axis) and regions are counted in elements; above it every
-    tensor row is rounded to the transaction length and padded against bank / cache-set conflicts.
+    applies (``lanes`` along the plan's ``vector_axis``) and regions are counted in elements; above it
+    every tensor row is rounded to the transaction length and padded against bank / cache-set conflicts.
+    When the vector axis is reduced (a row sum's, a dot product's), each output element of the register
+    tile holds a whole vector of partial sums (``partial_sums`` names the output): lanes times its bytes.
     """
 
     index: int
     level: MemoryLevel
     lanes: int
     vector_axis: str | None
+    partial_sums: str | None = None
 
     @classmethod
-    def of(cls, device: Device, index: int, expr: Expr) -> "LevelRules":
-        return cls(index, device.private_levels[index], device.units.lanes(expr.in_dtype), expr.vector_axis)
+    def of(cls, device: Device, index: int, expr: Expr, vector_axis: str | None = None) -> "LevelRules":
+        """The rules of private level ``index`` for plans vectorizing ``vector_axis`` (default: the first
+        candidate)."""
+        if vector_axis is None:
+            cands = vector_candidates(expr)
+            vector_axis = cands[0] if cands else None
+        reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
+        return cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
+                   expr.output.name if reduced else None)
 
     @property
     def capacity(self) -> int:
@@ -63,7 +112,7 @@ class LevelRules:
         raw = inner * t.elem_bytes
         if self.index == 0:
             if not moved:
-                return raw
+                return raw * self.lanes if t.name == self.partial_sums else raw
             if self.vector_axis not in t.innermost_axes():
                 return inner * self.level.transaction_bytes
         return round_up(raw, self.level.transaction_bytes)
@@ -102,9 +151,10 @@ def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
     return sum(tensor_footprint(t, tile, rules) for t in expr.tensors)
 
 
-def level_footprints(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> list[int]:
+def level_footprints(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
+                     vector_axis: str | None = None) -> list[int]:
     """The footprint of each level's tile of a full plan (nearest compute first)."""
-    return [footprint(expr, tile, LevelRules.of(device, i, expr)) for i, tile in enumerate(tiles)]
+    return [footprint(expr, tile, LevelRules.of(device, i, expr, vector_axis)) for i, tile in enumerate(tiles)]
 
 
 def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
@@ -153,6 +203,18 @@ def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
     return step
 
 
+ODD_EXTENT_EPSILON = 0.02  # padding waste always allowed along an extent with no divisor from 2 to 16
+
+
+def axis_epsilon(extent: int, epsilon: float) -> float:
+    """The padding waste allowed along one axis: ``epsilon``, but at least ODD_EXTENT_EPSILON along an
+    extent with no divisor from 2 to 16 (a prime such as 71 or 3001, or 5041 = 71 x 71): there every
+    tile but 1 and the whole extent overhangs, so a bound of 0 would leave only useless tiles."""
+    if extent > 16 and not any(extent % d == 0 for d in range(2, 17)):
+        return max(epsilon, ODD_EXTENT_EPSILON)
+    return epsilon
+
+
 def size_allowed(extent: int, size: int, lower: int, epsilon: float) -> bool:
     """Whether a tile of ``size`` may cover an axis of ``extent`` (see ``next_aligned``)."""
     if size == extent:
@@ -165,12 +227,13 @@ def next_aligned(extent: int, current: int, step: int, lower: int, epsilon: floa
     """The next size after ``current`` along an axis under the alignment rules, or None at the end.
 
     A size is a multiple of ``lower`` (the lower level's tile: tiles nest) and of ``step`` (alignment),
-    and may overhang the extent only while the padding waste stays within ``epsilon``. The full extent
+    and may overhang the extent only while the padding waste stays within ``epsilon`` (``axis_epsilon``). The full extent
     is allowed when it nests, aligned or not: it covers the whole dimension. Sizes past the first one
     that covers the extent, or past ``limit``, are never returned.
     """
     if current >= extent:
         return None
+    epsilon = axis_epsilon(extent, epsilon)
     unit = math.lcm(step, lower)
     s = (current // unit + 1) * unit
     top = extent if limit is None else min(limit, extent)
@@ -214,7 +277,8 @@ def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], r
     return dq / df
 
 
-def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> tuple[tuple[str, ...], dict[str, int]]:
+def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
+            vector_axis: str | None = None) -> tuple[tuple[str, ...], dict[str, int]]:
     """Inputs worth copying into a contiguous buffer per top tile, and their row padding (elements).
 
     A tensor is packed when, inside the top tile, the innermost loops walk across its rows (none of the
@@ -226,7 +290,7 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> tuple
     if len(tiles) < 2:
         return (), {}
     top, under = tiles[-1], tiles[-2]
-    rules = LevelRules.of(device, len(tiles) - 2, expr)
+    rules = LevelRules.of(device, len(tiles) - 2, expr, vector_axis)
     reduced = {a.name for a in expr.reduce_axes}
     packed, pads = [], {}
     for t in expr.inputs:
@@ -242,13 +306,13 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> tuple
     return tuple(packed), pads
 
 
-def packing_bytes(expr: Expr, tiles: list[Mapping[str, int]], device: Device) -> int:
+def packing_bytes(expr: Expr, tiles: list[Mapping[str, int]], device: Device, vector_axis: str | None = None) -> int:
     """Extra bytes the top level holds for the plan's packed inputs: the copy streams each packed region
     through the level next to its packed buffer (so it counts twice), plus the buffer's row padding."""
     if len(tiles) < 2:
         return 0
-    packed, pads = packing(expr, tiles, device)
-    rules = LevelRules.of(device, len(tiles) - 1, expr)
+    packed, pads = packing(expr, tiles, device, vector_axis)
+    rules = LevelRules.of(device, len(tiles) - 1, expr, vector_axis)
     extra = 0
     for t in expr.inputs:
         if t.name in packed:

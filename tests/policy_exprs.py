@@ -11,7 +11,7 @@ def acc(name, shape, *dims, dtype="float32"):
 def matmul(M, N, K, dtype="float32"):
     return Expr("matmul", (Axis("i", M, SPATIAL), Axis("j", N, SPATIAL), Axis("k", K, REDUCE)),
                 (acc("A", (M, K), {"i": 1}, {"k": 1}, dtype=dtype), acc("B", (K, N), {"k": 1}, {"j": 1}, dtype=dtype)),
-                acc("C", (M, N), {"i": 1}, {"j": 1}, dtype=dtype))
+                acc("C", (M, N), {"i": 1}, {"j": 1}, dtype=dtype), zero_pad_axes=("k",))
 
 
 def conv2d_nhwc(N, H, W, C, K, R, S, stride=1, dilation=1):
@@ -23,7 +23,7 @@ def conv2d_nhwc(N, H, W, C, K, R, S, stride=1, dilation=1):
     x = acc("X", (N, P, Q, C), {"n": 1}, {"h": stride, "r": dilation}, {"w": stride, "s": dilation}, {"c": 1})
     w = acc("Wt", (R, S, C, K), {"r": 1}, {"s": 1}, {"c": 1}, {"k": 1})
     y = acc("Y", (N, H, W, K), {"n": 1}, {"h": 1}, {"w": 1}, {"k": 1})
-    return Expr("conv2d", axes, (x, w), y)
+    return Expr("conv2d", axes, (x, w), y, zero_pad_axes=("r", "s", "c"))
 
 
 def elementwise(*shape):
@@ -36,7 +36,8 @@ def elementwise(*shape):
 
 def reduce_rows(M, N):
     return Expr("reduce_sum", (Axis("i", M, SPATIAL), Axis("k", N, REDUCE)),
-                (acc("A", (M, N), {"i": 1}, {"k": 1}),), acc("S", (M,), {"i": 1}), flops_per_point=1)
+                (acc("A", (M, N), {"i": 1}, {"k": 1}),), acc("S", (M,), {"i": 1}), flops_per_point=1,
+                zero_pad_axes=("k",))
 
 
 def cpu_spec(**over):

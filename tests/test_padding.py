@@ -2,17 +2,20 @@
 kernels must have no predicate left in the main computation."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from roller import ops
 from roller.api import analyze as api_analyze
 from roller.codegen import build, schedule
-from roller.codegen.cpu import schedule_cpu
 from roller.codegen.padding import pad_to_tiles, padded_extents
 from roller.construct import construct
 from roller.device import load_device
+from roller.errors import BuildError
 from roller.rprogram import RProgram
+from roller.tails import tail_options
 
 LEVELS = ("reg", "L1", "L2")
 
@@ -22,12 +25,14 @@ def device():
     return load_device("x86-avx512", calibrated=False)
 
 
-def program(expr, reg, l1, l2, packed=(), pad=None):
-    """An RProgram whose tiles are given as tuples in the Expr's axis order."""
+def program(expr, reg, l1, l2, packed=(), pad=None, padded=True):
+    """An RProgram whose tiles are given as tuples in the Expr's axis order; its overhanging axes are
+    padded where roller.tails allows it (``padded=False``: predicated)."""
     names = [a.name for a in expr.axes]
     tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
+    pads, preds = tail_options(expr, tiles)[-1 if padded else 0]
     return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=2, waves=1, vector_axis=expr.vector_axis,
-                    packed=tuple(packed), storage_pad=dict(pad or {}))
+                    packed=tuple(packed), storage_pad=dict(pad or {}), padded=pads, predicated=preds)
 
 
 def run(func, expr, prog, device, ins, ref, tol=1e-4):
@@ -62,8 +67,10 @@ def test_padded_extents_round_up_to_clamped_top_tiles():
 
     expr = matmul(1000, 5, 3)
     prog = program(expr, (8, 16, 1), (72, 16, 2), (72, 48, 2))
+    assert prog.padded == ("i", "k") and prog.predicated == ()
     # i: 1000 -> 14 tiles of 72; j: the tiles clamp to the extent (5); k: 3 -> 2 tiles of 2
     assert padded_extents(expr, prog) == {"i": 1008, "j": 5, "k": 4}
+    assert program(expr, (8, 16, 1), (72, 16, 2), (72, 48, 2), padded=False).predicated == ("i", "k")
 
 
 @pytest.mark.build
@@ -75,11 +82,16 @@ def test_padded_extents_round_up_to_clamped_top_tiles():
     ("batch_matmul", dict(B=2, M=127, N=131, K=137)),
     ("batch_matmul", dict(B=3, M=67, N=1000, K=61)),
 ])
-def test_constructed_overhanging_plans_are_padded_and_right(device, op, shape):
+def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, op, shape):
+    """The constructed plans, and the first overhanging one with its other tail choice, are right."""
     func, expr, ins, ref = op_case(op, shape)
-    plans = construct(expr, device, topk=2).programs
-    padded = [p for p in plans if pad_to_tiles(func, expr, p) is not None]
-    assert padded, f"{op} {shape}: no constructed plan overhangs, the case tests nothing"
+    plans = list(construct(expr, device, topk=2).programs)
+    over = next((p for p in plans if p.padded or p.predicated), None)
+    assert over is not None, f"{op} {shape}: no constructed plan overhangs, the case tests nothing"
+    options = tail_options(expr, over.tiles)
+    assert len(options) == 2, "every overhanging axis of these einsums can be padded"
+    for pads, preds in options:
+        plans.append(replace(over, padded=pads, predicated=preds))
     for p in plans:
         run(func, expr, p, device, ins, ref)
 
@@ -93,8 +105,9 @@ def test_constructed_overhanging_plans_are_padded_and_right(device, op, shape):
 def test_small_extents_pad_without_predicates(device, shape, tiles):
     func, expr, ins, ref = op_case("matmul", shape)
     prog = program(expr, *tiles, packed=("B",), pad={"B": 16})
+    assert prog.padded
     padded = pad_to_tiles(func, expr, prog)
-    assert padded is not None and padded.program.packed == ("B_pad",)
+    assert padded.program.packed == ("B_pad",)
     assert padded.program.storage_pad == {"B_pad": 16}
     run(func, expr, prog, device, ins, ref)
 
@@ -104,30 +117,36 @@ def test_padded_main_block_has_no_predicate(device):
     func, expr, ins, ref = op_case("matmul", dict(M=1000, N=1000, K=1000))
     prog = program(expr, (8, 48, 1), (72, 48, 16), (72, 336, 336))
     padded = pad_to_tiles(func, expr, prog)
-    assert padded is not None
     assert padded.extents == {"m": 1008, "n": 1008, "k": 1008}
     assert {t.name for t in padded.expr.inputs} == {"A_pad", "B_pad"}
     assert padded.expr.output.shape == (1008, 1008)
-    # the same plan unpadded predicates its innermost loops: the check below can fail
-    assert main_block_predicated(schedule_cpu(func, expr, prog, device), expr.block)
+    assert padded.root_copies == {"A_pad", "B_pad"}  # plain inputs, not packed: padded once at root
+    # the same plan predicated carries bounds in its innermost loops: the check below can fail
+    predicated = program(expr, (8, 48, 1), (72, 48, 16), (72, 336, 336), padded=False)
+    assert main_block_predicated(schedule(func, expr, predicated, device), expr.block)
     assert not main_block_predicated(schedule(func, expr, prog, device), expr.block)
     run(func, expr, prog, device, ins, ref)
+    run(func, expr, predicated, device, ins, ref)
 
 
 @pytest.mark.build
 @pytest.mark.parametrize("shape,tiles", [
-    # axes n, h, w, k | r, s, c: k (and c) overhang; pad_einsum rejects h + r, so predicates stay
+    # axes n, h, w, k | r, s, c: h, w, k and c overhang; the window h + r is re-indexed, then padded
     (dict(N=1, H=7, W=7, C=5, K=19, R=3, S=3, pad=1),
      ((1, 1, 2, 16, 1, 1, 1), (1, 2, 4, 16, 3, 1, 4), (1, 4, 4, 16, 3, 3, 4))),
-    (dict(N=2, H=17, W=17, C=127, K=131, R=3, S=3, pad=0), None),
+    (dict(N=2, H=17, W=17, C=127, K=131, R=3, S=3, stride=2, pad=0),
+     ((1, 2, 1, 32, 1, 1, 1), (1, 4, 2, 32, 3, 1, 16), (1, 4, 4, 64, 3, 3, 32))),
 ])
-def test_conv2d_falls_back_to_predicates(device, shape, tiles):
+def test_conv2d_pads_through_a_reindexed_window(device, shape, tiles):
     func, expr, ins, ref = op_case("conv2d", shape)
-    plans = [program(expr, *tiles)] if tiles else construct(expr, device, topk=1).programs
-    for p in plans:
-        assert padded_extents(expr, p) != expr.extents  # the plan overhangs
-        assert pad_to_tiles(func, expr, p) is None
-        run(func, expr, p, device, ins, ref, tol=1e-3)
+    prog = program(expr, *tiles)
+    assert prog.padded and padded_extents(expr, prog) != expr.extents
+    padded = pad_to_tiles(func, expr, prog)
+    window = next(t for t in padded.expr.inputs if t.name.startswith("pad_temp") or t.name.startswith("data"))
+    assert all(len(dim) == 1 for dim in window.index)  # one plain dimension per axis after reindex
+    assert not main_block_predicated(schedule(func, expr, prog, device), expr.block)
+    run(func, expr, prog, device, ins, ref, tol=1e-3)
+    run(func, expr, program(expr, *tiles, padded=False), device, ins, ref, tol=1e-3)
 
 
 @pytest.mark.build
@@ -144,7 +163,7 @@ def test_epilogue_is_kept_through_the_crop(device):
     D = te.compute((M, N), lambda m, n: te.max(C[m, n] + bias[n], tirx.const(0, "float32")), name="D")
     expr, func = api_analyze(te.create_prim_func([A, B, bias, D]))
     prog = program(expr, (8, 16, 1), (16, 32, 8), (32, 32, 16), packed=("B",))
-    assert pad_to_tiles(func, expr, prog) is not None
+    assert prog.padded
     rng = np.random.default_rng(1)
     ins = [rng.uniform(-1, 1, s).astype("float32") for s in ((M, K), (K, N), (N,))]
     ref = np.maximum(ins[0].astype("float64") @ ins[1] + ins[2], 0)
@@ -153,7 +172,8 @@ def test_epilogue_is_kept_through_the_crop(device):
 
 @pytest.mark.build
 def test_max_reduction_does_not_pad_its_reduce_axis(device):
-    """Zero padding of k would add max(.., 0) terms: the plan keeps its predicates."""
+    """Zero padding of k would add max(.., 0) terms: the policy only predicates, and codegen refuses a
+    plan that pads it anyway."""
     from tvm import te
 
     M, N, K = 20, 33, 7
@@ -162,8 +182,11 @@ def test_max_reduction_does_not_pad_its_reduce_axis(device):
     k = te.reduce_axis((0, K), name="k")
     C = te.compute((M, N), lambda m, n: te.max(A[m, k] * B[k, n], axis=k), name="C")
     expr, func = api_analyze(te.create_prim_func([A, B, C]))
+    assert expr.zero_pad_axes == ()
     prog = program(expr, (4, 16, 1), (8, 16, 4), (8, 32, 4))
-    assert pad_to_tiles(func, expr, prog) is None
+    assert prog.padded == () and "k" in prog.predicated
+    with pytest.raises(BuildError, match="zero padding would change the result"):
+        pad_to_tiles(func, expr, replace(prog, padded=prog.predicated, predicated=()))
     rng = np.random.default_rng(2)
     ins = [rng.uniform(-1, -0.5, (M, K)).astype("float32"), rng.uniform(0.5, 1, (K, N)).astype("float32")]
     ref = (ins[0][:, :, None].astype("float64") * ins[1][None]).max(axis=1)  # all negative: a 0 would win
@@ -173,12 +196,10 @@ def test_max_reduction_does_not_pad_its_reduce_axis(device):
 def test_streaming_and_fused_plans_are_not_padded(device):
     """A row sum reads each input element once (padding would copy it all); add_relu's axes are fused."""
     func, expr, _, _ = op_case("reduce_sum", dict(M=127, N=1021))
-    prog = program(expr, (1, 16), (16, 256), (16, 1024))
-    assert padded_extents(expr, prog) == {"m": 128, "n": 1024}
-    assert pad_to_tiles(func, expr, prog) is None
+    assert expr.zero_pad_axes == ("n",)
+    tiles = tuple(dict(zip(("m", "n"), t)) for t in ((1, 16), (16, 256), (16, 1024)))
+    assert tail_options(expr, tiles) == [((), ("m", "n"))]
     func, expr, _, _ = op_case("add_relu", dict(M=7, N=129))
     assert len(expr.axes) == 1 and len(expr.axes[0].parts) == 2
     (axis,) = expr.axes
-    prog = RProgram(levels=LEVELS, tiles=({axis.name: 16}, {axis.name: 64}, {axis.name: 256}), grid={},
-                    units=2, waves=1)
-    assert pad_to_tiles(func, expr, prog) is None
+    assert tail_options(expr, ({axis.name: 16}, {axis.name: 64}, {axis.name: 256})) == [((), (axis.name,))]

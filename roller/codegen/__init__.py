@@ -12,26 +12,28 @@ from ..rprogram import RProgram
 KINDS = ("cpu",)
 
 
-def schedule(func, expr: Expr, program: RProgram, device: Device):
+def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[str] | None = None):
     """The ``tvm.s_tir.Schedule`` of ``func`` that follows ``program`` on ``device``.
 
-    Where a top tile overhangs an axis, the main block is first padded to whole tiles
+    Where the plan pads (``program.padded``), the main block is first padded to whole tiles
     (``padding.pad_to_tiles``): the schedule then computes zero-padded copies of the inputs and crops
-    the output instead of predicating the inner loops. Functions it cannot pad keep the predicates.
+    the output instead of predicating the inner loops. Optional steps that did not apply are appended
+    to ``notes``.
     """
     if device.kind == "cpu":
         from .cpu import schedule_cpu
         from .padding import pad_to_tiles
 
-        padded = pad_to_tiles(func, expr, program)
-        if padded is not None:
-            func, expr, program = padded.func, padded.expr, padded.program
-        return schedule_cpu(func, expr, program, device)
+        root = frozenset()
+        if program.padded:
+            padded = pad_to_tiles(func, expr, program)
+            func, expr, program, root = padded.func, padded.expr, padded.program, padded.root_copies
+        return schedule_cpu(func, expr, program, device, root, notes)
     raise BuildError(f"device {device.name!r} is of kind {device.kind!r}: roller generates code for "
                      f"{', '.join(KINDS)} only; use a CPU device spec")
 
 
-def build(func, expr: Expr, program: RProgram, device: Device):
+def build(func, expr: Expr, program: RProgram, device: Device, notes: list[str] | None = None):
     """Schedules and compiles ``func``; returns the ``tvm.compile`` Executable (``ex["main"]``, ``ex.mod``).
 
     Also sets TVM's thread count to the device's cores (before the runtime's pool starts).
@@ -41,5 +43,5 @@ def build(func, expr: Expr, program: RProgram, device: Device):
     from ..tvmutil import set_threads, target_for
 
     set_threads(device.units.count)
-    sch = schedule(func, expr, program, device)
+    sch = schedule(func, expr, program, device, notes)
     return tvm.compile(sch.mod, target_for(device))

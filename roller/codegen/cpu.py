@@ -31,6 +31,7 @@ from ..dtypes import dtype_bytes
 from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
+from ..rtile import clamp_tiles, compute_lanes
 
 
 @dataclass
@@ -42,26 +43,6 @@ class _AxisLoops:
     sizes: tuple[int, ...]   # clamped tile size per level, reg first
     grid: object             # LoopRV over top tiles
     levels: list             # LoopRV per level, reg first: levels[l] iterates level l-1 tiles in a level-l tile
-
-
-def clamp_tiles(extent: int, sizes: list[int]) -> tuple[int, ...]:
-    """Tile sizes (reg first) clamped so that no level is larger than needed to cover ``extent``.
-
-    Keeps each level a multiple of the one below it: a level that already covers the extent becomes
-    the smallest multiple of the level below that does.
-    """
-    out: list[int] = []
-    for s in sizes:
-        if s <= 0:
-            raise BuildError(f"tile size {s} is not positive")
-        if not out:
-            out.append(min(s, extent))
-            continue
-        prev = out[-1]
-        if s % prev and prev == sizes[len(out) - 1]:
-            raise BuildError(f"tile sizes {sizes}: {s} is not a multiple of the level below ({prev})")
-        out.append(min(s, math.ceil(extent / prev) * prev) if prev < extent else prev)
-    return tuple(out)
 
 
 def _check_program(expr: Expr, program: RProgram) -> None:
@@ -140,14 +121,17 @@ def _producer_of(sch, block, name: str):
     return None
 
 
-def _try(fn, *args):
-    """Runs one optional schedule step; False if TVM says it does not apply (the schedule is unchanged)."""
+def _try(notes: list[str] | None, what: str, fn, *args):
+    """Runs one optional schedule step; False if TVM says it does not apply (the schedule is unchanged).
+    With ``notes``, a step that did not apply is reported there (``what`` names it)."""
     from tvm.s_tir.schedule.schedule import ScheduleError
 
     try:
         fn(*args)
         return True
     except ScheduleError:
+        if notes is not None:
+            notes.append(f"{what} did not apply")
         return False
 
 
@@ -155,8 +139,13 @@ def _loop_extent(sch, loop) -> int:
     return int(sch.get(loop).extent)
 
 
-def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
+def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copies: frozenset[str] = frozenset(),
+                 notes: list[str] | None = None):
     """Schedules ``func`` (a PrimFunc) following ``program``; returns the ``tvm.s_tir.Schedule``.
+
+    ``root_copies`` names inputs whose producer stage (a padding copy) runs once at root instead of per
+    top tile. Optional steps that did not apply are appended to ``notes`` (what the plan assumed and the
+    code does not do: the report shows them).
 
     Raises BuildError when the program does not fit the expression, UnsupportedExpressionError
     when the function's structure is not what ``expr`` describes, and lets TVM's ScheduleError
@@ -169,7 +158,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
     block = _main_block(sch, expr)
     extents = expr.extents
     nlev = len(program.tiles)
-    lanes = device.units.lanes(expr.dtype)
+    lanes = compute_lanes(expr, device)
+    notes = notes if notes is not None else []
 
     axis_loop = _fuse_axes(sch, block, expr)
     # --- split every axis per level (clamped sizes). Loops of one iteration are not created: TVM would
@@ -190,17 +180,14 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
         axes.append(_AxisLoops(ax.name, ax.kind, sizes, slots[0], list(reversed(slots[1:]))))
     spatial = [a for a in axes if a.kind != REDUCE]
     reduce = [a for a in axes if a.kind == REDUCE]
-    vname = program.vector_axis or expr.vector_axis
+    vname = program.vector_axis
     vec = next((a for a in spatial if a.name == vname), None)
     # A reduce vector axis (a row sum's n) is split so that one vector of lanes is innermost; rfactor
     # below turns those lanes into vector partial sums, one vector per output element of the reg tile.
-    # More accumulators than the register file holds would spill on every update (measured slower than
-    # the scalar path); those plans, and the ones _rfactor_applies rejects, stay on the scalar path.
+    # The plan decides (roller.tails.partial_sums; the policy counts those vectors in the register file).
     rvec = next((a for a in reduce if a.name == vname), None)
     lane = None
-    acc_bytes = math.prod(a.sizes[0] for a in spatial) * lanes * dtype_bytes(expr.output.dtype)
-    if (rvec is not None and acc_bytes <= device.levels[0].capacity_bytes
-            and _rfactor_applies(rvec, reduce, lanes)):
+    if rvec is not None and program.partial_sums:
         if rvec.sizes[0] > lanes:
             rvec.levels[0], lane = sch.split(rvec.levels[0], [None, lanes])
         else:
@@ -227,6 +214,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
     rf = _try_rfactor(sch, lane, len(expr.output.shape)) if lane is not None else None
     if lane is not None and rf is None:
         # the reducer is not one rfactor knows: the lanes stay a scalar reduce loop (correct, unrolled)
+        notes.append("rfactor did not apply: the reduction runs scalar")
         sch.unroll(lane)
         lane = None
     if rf is not None:
@@ -265,25 +253,25 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
             sch.reverse_compute_at(wb, acc_at)
             writer = sch.cache_write(wb, 0, "local")
             for c in consumers:
-                _try(sch.reverse_compute_inline, c)
+                _try(None, 'inline', sch.reverse_compute_inline, c)
             sch.reverse_compute_at(writer, acc_at)
-            _vectorize_inner(sch, writer, lanes)
+            _vectorize_inner(sch, writer, lanes, notes)
         else:
             writer = wb
     elif reduce:
         if acc_at is not None:
             writer = sch.cache_write(block, 0, "local")
             for c in consumers:  # fold elementwise epilogues into the write-back
-                _try(sch.reverse_compute_inline, c)
+                _try(None, 'inline', sch.reverse_compute_inline, c)
             sch.reverse_compute_at(writer, acc_at)
-            _vectorize_inner(sch, writer, lanes)
+            _vectorize_inner(sch, writer, lanes, notes)
     else:
         for c in consumers:
-            _try(sch.reverse_compute_inline, c)
+            _try(None, 'inline', sch.reverse_compute_inline, c)
     # epilogues that could not be inlined run per top tile, or at root
     for c in sch.get_consumers(writer):
-        if grid is None or not _try(sch.reverse_compute_at, c, grid):
-            _parallel_root(sch, c, lanes)
+        if grid is None or not _try(notes, f"{sch.get(c).name_hint} per top tile", sch.reverse_compute_at, c, grid):
+            _parallel_root(sch, c, lanes, notes)
 
     # --- inputs: packed copies per top tile; producer stages (padding) per top tile or at root
     pad_of = dict(program.storage_pad)
@@ -294,16 +282,29 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device):
                 cache = sch.cache_read(block, _read_index(sch, block, t.name), "global")
                 sch.compute_at(cache, pack_at)
                 _storage_pad(sch, cache, pad_of.get(t.name, 0))
-                _vectorize_inner(sch, cache, lanes)
+                _vectorize_inner(sch, cache, lanes, notes)
                 continue
         if producer is not None:
-            if pack_at is None or not _try(sch.compute_at, producer, pack_at):
-                _parallel_root(sch, producer, lanes)
+            if t.name in root_copies or pack_at is None:
+                _parallel_root(sch, producer, lanes, notes)
+            elif not _try(notes, f"compute_at of {sch.get(producer).name_hint} per top tile", sch.compute_at,
+                          producer, pack_at):
+                _parallel_root(sch, producer, lanes, notes)
             else:
                 if t.name in program.packed:
                     _storage_pad(sch, producer, pad_of.get(t.name, 0))
-                _vectorize_inner(sch, producer, lanes)
+                _vectorize_inner(sch, producer, lanes, notes)
 
+    # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
+    # is asked to split the last, overhanging iterations of each such axis off the others.
+    for a in axes:
+        if a.name in program.predicated:
+            loops = ([grid] if a.kind != REDUCE else [a.grid]) + a.levels[1:]
+            if a is not vec:
+                loops.append(a.levels[0])
+            for lp in loops:
+                if lp is not None:
+                    sch.annotate(lp, "pragma_loop_partition_hint", 1)
     # --- reg tile: vector lanes on the vector axis, everything else in the reg tile unrolled
     if vec is not None and vec.levels[0] is not None:
         vloop = vec.levels[0]
@@ -361,7 +362,7 @@ def _try_rfactor(sch, lane, factor_axis: int):
         return None
 
 
-def _vectorize_inner(sch, block, lanes: int) -> None:
+def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
     """Vectorizes the innermost loop of a copy/write-back block when it is at least one vector long."""
     loops = sch.get_loops(block)
     if not loops:
@@ -378,16 +379,16 @@ def _vectorize_inner(sch, block, lanes: int) -> None:
     if n >= lanes and n % lanes == 0:
         if n > lanes:
             _, inner = sch.split(inner, [None, lanes])
-        _try(sch.vectorize, inner)
+        _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
 
-def _parallel_root(sch, block, lanes: int) -> None:
+def _parallel_root(sch, block, lanes: int, notes: list[str]) -> None:
     """A stage left at root: its outermost loop runs over the cores, its innermost is vectorized."""
     loops = sch.get_loops(block)
     if loops and int(sch.get(loops[0]).extent) > 1:
-        _try(sch.parallel, loops[0])
+        _try(notes, f"parallel {sch.get(block).name_hint}", sch.parallel, loops[0])
     if len(loops) > 1:
-        _vectorize_inner(sch, block, lanes)
+        _vectorize_inner(sch, block, lanes, notes)
 
 
 def _storage_pad(sch, block, pad: int) -> None:

@@ -1,28 +1,24 @@
 """Padding the iteration space to whole top tiles, so overhanging tiles cost no predicates.
 
-The constructor may let a top tile overhang an axis (1000 covered by tiles of 72 reaches 1008). Split
-as is, every innermost loop then carries a bounds predicate and the kernel runs several times slower.
-Instead the main block is rewritten with ``Schedule.pad_einsum``: it runs over the rounded-up extents,
-reads zero-padded copies of its inputs (``A_pad``, blocks of the same name) and writes a padded output
+The plan says which axes are padded (``RProgram.padded``, decided by ``roller.tails``): a top tile that
+overhangs an axis (1000 covered by tiles of 72 reaches 1008), or a vector axis rounded up to whole
+vectors (36 -> 48). The main block is rewritten with ``Schedule.pad_einsum``: it runs over the rounded-up
+extents, reads zero-padded copies of the inputs those axes index (``A_pad``) and writes a padded output
 that a crop block copies into the real one. The function keeps its parameters and results; code
-generation then places the pad blocks like any producer of the main block (computed per top tile, so
-each becomes a packed tile; at root when there is no grid) and the crop like an epilogue that cannot be
-inlined (per top tile, with its exact bounds).
-
-Not padded (the caller keeps the predicated schedule): memory-bound blocks whose input is read once per
-point (the pad copy would double their traffic), fused axes (an ``Axis`` with several parts has no
-single iter var to pad), reduce axes whose zero padding would change the result (a max, or a sum of
-``exp``), and blocks ``pad_einsum`` rejects (any index that is not a plain axis, e.g. a convolution's
-``h + r``).
+generation places the pad blocks (per top tile where the input is packed, else once at root) and the
+crop like an epilogue that cannot be inlined (per top tile, with its exact bounds).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..expr import REDUCE, Axis, Expr, TensorAccess
+from ..errors import BuildError
+from ..expr import Expr, TensorAccess
 from ..rprogram import RProgram
-from .cpu import clamp_tiles
+from ..rtile import clamp_tiles
+from ..tails import copied_per_tile
+from ..analysis import zero_padding_is_neutral
 
 
 @dataclass(frozen=True)
@@ -35,81 +31,129 @@ class Padded:
     expr: Expr
     program: RProgram
     extents: dict[str, int]
+    root_copies: frozenset[str] = frozenset()  # padded inputs copied once at root (roller.tails.copied_per_tile)
 
 
 def padded_extents(expr: Expr, program: RProgram) -> dict[str, int]:
-    """Each axis's extent rounded up to a whole number of (clamped) top tiles.
+    """Each padded axis's extent rounded up to a whole number of (clamped) top tiles; the other axes
+    keep theirs.
 
     Tiles are clamped as code generation clamps them (``clamp_tiles``), so a tile larger than a small
-    extent pads nothing. The rounding repeats until the padded extent is a multiple of its own clamped
-    top tile, which is what the schedule of the padded function splits by.
+    extent pads nothing. The rounding
+    repeats until the padded extent is a multiple of its own clamped top tile, which is what the
+    schedule of the padded function splits by.
     """
     out = {}
     for a in expr.axes:
-        sizes = [t[a.name] for t in program.tiles]
         ext = a.extent
-        while True:
-            top = clamp_tiles(ext, sizes)[-1]
-            if ext % top == 0:
-                break
-            ext = -(-ext // top) * top
+        if a.name in program.padded:
+            sizes = [t[a.name] for t in program.tiles]
+            while True:
+                top = clamp_tiles(ext, sizes)[-1]
+                if ext % top == 0:
+                    break
+                ext = -(-ext // top) * top
         out[a.name] = ext
     return out
 
 
-def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded | None:
-    """``func`` with the main block padded to whole top tiles, or None when it needs no padding or
-    cannot be padded (see the module docstring); None means: schedule ``func`` as it is.
+def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded:
+    """``func`` with the main block padded along ``program.padded`` to whole top tiles.
 
     ``func`` is the normalized PrimFunc ``expr`` describes (``roller.api.analyze``); the result computes
-    the same outputs from the same parameters.
+    the same outputs from the same parameters. Inputs read through a sliding window (a convolution's
+    ``h * stride + r``) are first re-indexed by the axes themselves (``Schedule.reindex``), which makes
+    the block einsum-like for ``pad_einsum``; a re-indexed input that no padded axis touches is inlined
+    back. Raises BuildError when TVM refuses what the plan decided (roller.tails says what pads).
     """
     import tvm
     from tvm.s_tir.schedule.schedule import ScheduleError
 
-    if program.problem([a.name for a in expr.axes]):
-        return None  # schedule_cpu reports what is wrong with the plan
+    problem = program.problem([a.name for a in expr.axes])
+    if problem:
+        raise BuildError(f"{problem} ({expr.name})")
     extents = padded_extents(expr, program)
-    grown = [a for a in expr.axes if extents[a.name] != a.extent]
-    if not grown or not expr.block:
-        return None
-    if any(len(a.parts) > 1 for a in expr.axes):
-        return None  # a fused axis spans several iter vars: pad_einsum pads each iter var on its own
-    every = {a.name for a in expr.axes}
-    if any(t.axes >= every for t in expr.inputs):
-        # An input read once per point (a row sum's) is streamed: its padded copy moves as many bytes as
-        # the kernel itself, and the predicated loop was faster (measured 0.5x padded, reduce_sum 1000^2).
-        return None
+    padded = {a.name for a in expr.axes if extents[a.name] != a.extent}
+    if not padded or not expr.block:
+        raise BuildError(f"{expr.name}: the plan pads {list(program.padded)} but no axis needs it")
     sch = tvm.s_tir.Schedule(func)
     block = sch.get_sblock(expr.block)
-    ivs = sch.get(block).iter_vars
-    if len(ivs) != len(expr.axes):
-        return None
-    if not _zero_padding_is_neutral(sch.get(block), [iv.var for iv, a in zip(ivs, expr.axes)
-                                                    if a.kind == REDUCE and extents[a.name] != a.extent]):
-        return None
+    main = sch.get(block)
+    var_axis = _iter_var_axes(expr, main)
+    if not zero_padding_is_neutral(main, [iv.var for iv in main.iter_vars if var_axis[str(iv.var.name)] in padded
+                                           and iv.iter_type != 0]):
+        raise BuildError(f"{expr.name}: the plan pads reduce axes {sorted(padded)} but zero padding would change "
+                         f"the result (Expr.zero_pad_axes disagrees with the block)")
+    windows = _reindex_windows(sch, block)
     try:
-        sch.pad_einsum(block, [extents[a.name] for a in expr.axes])
-    except ScheduleError:
-        # pad_einsum accepts only einsum-like blocks (plain-axis indices); others keep the predicates
-        return None
+        sch.pad_einsum(block, [extents[var_axis[str(iv.var.name)]] if var_axis[str(iv.var.name)] in padded
+                               else int(iv.dom.extent) for iv in main.iter_vars])
+    except ScheduleError as e:
+        raise BuildError(f"{expr.name}: TVM cannot pad axes {sorted(padded)} of block {expr.block!r}: "
+                         f"{str(e).splitlines()[-1]}") from None
+    for w in windows:  # re-indexed inputs that got no pad block read the original tensor again
+        stage = sch.get_sblock(w)
+        if all(sch.get(c).name_hint == expr.block for c in sch.get_consumers(stage)):
+            sch.compute_inline(stage)
     block = sch.get_sblock(expr.block)
+    for w in windows:  # the others: the window gather moves into the pad block
+        try:
+            sch.compute_inline(sch.get_sblock(w))
+        except (ScheduleError, ValueError, tvm.TVMError):
+            pass  # already inlined above
     crops = [sch.get(c).name_hint for c in sch.get_consumers(block)]
     for c in crops:
         _guard_crop(sch, sch.get_sblock(c))
-    padded = sch.mod["main"]
+    padded_func = sch.mod["main"]
     main = sch.get(block)
     renamed = _renamed_inputs(sch, block)
-    inputs = tuple(_retarget(t, renamed.get(t.name, t.name), main) for t in expr.inputs)
+    inputs = tuple(_retarget(t, renamed.get(t.name, t.name), main, var_axis) for t in expr.inputs)
     store = main.body.buffer
     output = replace(expr.output, name=str(store.name), shape=tuple(int(s) for s in store.shape))
     new_expr = replace(
-        expr, axes=tuple(Axis(a.name, extents[a.name], a.kind) for a in expr.axes), inputs=inputs,
-        output=output, epilogue=expr.epilogue + tuple(crops))
+        expr, axes=tuple(a if a.name not in padded else replace(a, extent=extents[a.name],
+                                                                 parts=((a.parts[0][0], extents[a.name]),))
+                         for a in expr.axes),
+        inputs=inputs, output=output, epilogue=expr.epilogue + tuple(crops))
     new_program = replace(
         program, packed=tuple(renamed.get(n, n) for n in program.packed),
         storage_pad={renamed.get(n, n): v for n, v in program.storage_pad.items()})
-    return Padded(func=padded, expr=new_expr, program=new_program, extents=extents)
+    root = frozenset(renamed[t.name] for t in expr.inputs
+                     if t.name in renamed and not copied_per_tile(t, program.packed))
+    return Padded(func=padded_func, expr=new_expr, program=new_program, extents=extents, root_copies=root)
+
+
+def _iter_var_axes(expr: Expr, block) -> dict[str, str]:
+    """The main block's iter var name -> the Expr axis it belongs to (a fused axis lists its parts)."""
+    part_axis = {p: a.name for a in expr.axes for p, _ in a.parts}
+    out = {}
+    for iv in block.iter_vars:
+        name = str(iv.var.name)
+        base = name[2:] if name.startswith("v_") else name
+        axis = part_axis.get(name, part_axis.get(base))
+        if axis is None:
+            raise BuildError(f"{expr.name}: block {expr.block!r} iter var {name} matches no axis of the Expr")
+        out[name] = axis
+    return out
+
+
+def _reindex_windows(sch, block) -> list[str]:
+    """Re-indexes every input the block reads through a non-plain index (a sliding window); returns the
+    names of the re-index blocks."""
+    from tvm import tirx
+
+    main = sch.get(block)
+    out = []
+    n_reads = len(main.reads)
+    for i in range(n_reads):
+        region = sch.get(block).reads[i]
+        if all(isinstance(r.min, tirx.Var) for r in region.region):
+            continue
+        if str(region.source.name) == str(sch.get(block).writes[0].source.name):
+            continue
+        stage = sch.reindex(block, ("read", i))
+        out.append(sch.get(stage).name_hint)
+    return out
 
 
 def _renamed_inputs(sch, block) -> dict[str, str]:
@@ -147,56 +191,16 @@ def _guard_crop(sch, crop) -> None:
         sch.split(loops[0], [None, int(sch.get(loops[0]).extent) + 1])
 
 
-def _retarget(t: TensorAccess, name: str, main) -> TensorAccess:
-    """``t`` renamed to the buffer the padded block reads, with that buffer's (padded) shape."""
+def _retarget(t: TensorAccess, name: str, main, var_axis: dict[str, str]) -> TensorAccess:
+    """``t`` as the padded block reads it: the padded copy's name and shape, and (for a re-indexed
+    window) one plain dimension per axis."""
     if name == t.name:
         return t
     for r in main.reads:
         if str(r.source.name) == name:
-            return replace(t, name=name, shape=tuple(int(s) for s in r.source.shape))
+            shape = tuple(int(s) for s in r.source.shape)
+            if len(shape) == len(t.index):
+                return replace(t, name=name, shape=shape)
+            index = tuple(((var_axis[str(x.min.name)], 1),) for x in r.region)
+            return replace(t, name=name, shape=shape, index=index)
     return t
-
-
-def _zero_padding_is_neutral(block, reduce_vars) -> bool:
-    """Whether padding the reduce iter vars ``reduce_vars`` with zero inputs leaves the result unchanged.
-
-    pad_einsum reads 0 where a padded index is out of range. A padded reduction step then adds a term
-    that must be 0: the block must be ``out = out + term`` and ``term`` zero whenever the loads indexed
-    by a padded reduce var are zero (a load, a product with such a factor, casts, sums of such terms).
-    """
-    from tvm import ir, tirx
-
-    if not reduce_vars:
-        return True
-    store = block.body
-    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
-        return False
-    a, b = store.value.a, store.value.b
-
-    def is_acc(e):
-        return isinstance(e, ir.expr.TensorLoad) and e.source.same_as(store.buffer)
-    term = b if is_acc(a) else a if is_acc(b) else None
-    if term is None:
-        return False
-    return all(_zero_if_padded(term, v) for v in reduce_vars)
-
-
-def _zero_if_padded(e, var) -> bool:
-    """Whether ``e`` is 0 whenever every load indexed by ``var`` reads 0."""
-    from tvm import ir, tirx
-
-    if isinstance(e, ir.expr.TensorLoad):
-        return any(_uses(i, var) for i in e.indices)
-    if isinstance(e, tirx.Cast):
-        return _zero_if_padded(e.value, var)
-    if isinstance(e, tirx.Mul):
-        return _zero_if_padded(e.a, var) or _zero_if_padded(e.b, var)
-    if isinstance(e, (tirx.Add, tirx.Sub)):
-        return _zero_if_padded(e.a, var) and _zero_if_padded(e.b, var)
-    return False
-
-
-def _uses(index, var) -> bool:
-    from tvm import tirx
-
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))

@@ -1,0 +1,129 @@
+"""How a plan covers extents its tiles do not divide: whole vectors, zero padding, predicated tails.
+
+Policy, shared by construction, the model and code generation (which executes what is decided here):
+
+- Register tiles are whole vectors along the vector axis. An axis of at least one vector is tiled as if
+  its extent were rounded up to whole vectors (36 float32 lanes -> 48); an axis shorter than a vector is
+  one short vector of its own extent (the code vectorizes the whole loop; the model charges a full vector).
+- Where the top tile overhangs an axis, the iteration space is either *padded* (the kernel runs over
+  whole tiles, on zero-padded copies of the inputs that the axis indexes, and a crop copies the output
+  back) or *predicated* (bounds checks; lowering splits the last tiles off so the rest stays vectorized,
+  but a vector loop that carries a bound runs scalar).
+- Padding applies to an axis of one original loop (a fused axis spans several, and no TVM primitive pads
+  it), whose zero padding leaves the result unchanged (always for a spatial axis; for a reduced axis only
+  a sum of products with a factor indexed by it, ``Expr.zero_pad_axes``), and not when an input is read
+  once per point (a row sum's input: the padded copy would move as many bytes as the kernel).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from .expr import REDUCE, Expr, TensorAccess
+from .rtile import ceil_div, clamp_tiles, round_up
+
+
+def tiling_extents(expr: Expr, vector_axis: str | None, lanes: int) -> dict[str, int]:
+    """The extent each axis is tiled over: the vector axis rounded up to whole vectors when it is at
+    least one vector long, every other axis its own extent."""
+    out = {a.name: a.extent for a in expr.axes}
+    if vector_axis is not None and lanes > 1 and out[vector_axis] >= lanes:
+        out[vector_axis] = round_up(out[vector_axis], lanes)
+    return out
+
+
+def streams_input(expr: Expr) -> bool:
+    """Whether some input is indexed by every axis (read once per point: a row sum's, an elementwise
+    operand): such an input's padded copy would double the kernel's traffic."""
+    every = {a.name for a in expr.axes}
+    return any(t.axes >= every for t in expr.inputs)
+
+
+def can_pad(expr: Expr, axis: str) -> bool:
+    """Whether zero padding along ``axis`` is possible and leaves the result unchanged (module docstring)."""
+    a = expr.axis(axis)
+    if len(a.parts) > 1 or streams_input(expr):
+        return False
+    return a.kind != REDUCE or axis in expr.zero_pad_axes
+
+
+def _clamped_top(expr: Expr, tiles: Sequence[Mapping[str, int]], axis: str) -> int:
+    return clamp_tiles(expr.axis(axis).extent, [t[axis] for t in tiles])[-1]
+
+
+def overhangs(expr: Expr, tiles: Sequence[Mapping[str, int]]) -> tuple[str, ...]:
+    """Axes whose (clamped) tiles do not divide the extent: their last tile runs past it. A tile larger
+    than a short extent is clamped to it (36 lanes tiled by 48 runs exactly 36: no overhang)."""
+    return tuple(a.name for a in expr.axes if round_up(a.extent, _clamped_top(expr, tiles, a.name)) != a.extent)
+
+
+def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The ways a plan may cover its overhanging axes, as (padded axes, predicated axes): predicated,
+    and padded when ``can_pad`` allows every overhanging axis (pad_einsum pads the block as a whole).
+    Construction makes a plan of each; the model charges the copies of one and the scalar tail of the
+    other."""
+    over = overhangs(expr, tiles)
+    if not over:
+        return [((), ())]
+    options = [((), over)]
+    if all(can_pad(expr, a) for a in over):
+        options.append((over, ()))
+    return options
+
+
+def scalar_fraction(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+                    predicated: tuple[str, ...]) -> float:
+    """The fraction of the iteration space whose vector loop carries a bound and so runs scalar: the last
+    top tile along a predicated vector axis (lowering splits it off the others)."""
+    if vector_axis is None or vector_axis not in predicated:
+        return 0.0
+    extent = expr.axis(vector_axis).extent
+    t = _clamped_top(expr, tiles, vector_axis)
+    return (extent - (extent // t) * t) / extent
+
+
+def partial_sums(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, lanes: int) -> bool:
+    """Whether a reduced vector axis accumulates vectors of partial sums (rfactor; one horizontal sum
+    per output element at the end). It needs a register tile of whole vectors along the axis and
+    something to accumulate across (a second vector in the tile, or a reduce loop above it); otherwise
+    the reduction runs scalar."""
+    if vector_axis is None or lanes <= 1 or expr.axis(vector_axis).kind != REDUCE:
+        return False
+    t = reg[vector_axis]
+    if t % lanes or t > tiling_extents(expr, vector_axis, lanes)[vector_axis]:
+        return False
+    return t > lanes or any(ceil_div(a.extent, reg[a.name]) > 1 for a in expr.reduce_axes)
+
+
+def is_window(t: TensorAccess) -> bool:
+    """Whether a tensor is read through a sliding window (a dimension indexed by several axes, or with a
+    stride): padding it copies the window per top tile (the re-indexed gather), never the whole tensor."""
+    return any(len(dim) != 1 or dim[0][1] != 1 for dim in t.index)
+
+
+def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
+    """Whether an input's padded copy is made per top tile (packed inputs and windows) rather than once
+    for the whole tensor at root (a plain input that many top tiles re-read)."""
+    return t.name in packed or is_window(t)
+
+
+def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...]) -> int:
+    """Bytes the padding copies move for the whole operator (read and written): each padded input that is
+    packed or a window once per top tile, each other padded input once, whole; a padded output once more
+    (the crop). A packed input's copy without padding is not charged: the model does not credit what
+    packing saves either (conflict-free dense rows), and charging one side only ranked packed plans last
+    while they ran fastest (matmul 1024^3)."""
+    tiles = 1
+    for a in expr.axes:
+        tiles *= ceil_div(a.extent, top[a.name])
+    total = 0
+    for t in expr.inputs:
+        if not t.axes & set(padded):
+            continue
+        if copied_per_tile(t, packed):
+            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+        else:
+            total += 2 * math.prod(t.shape) * t.elem_bytes
+    if padded:
+        total += 2 * math.prod(expr.output.shape) * expr.output.elem_bytes
+    return total
