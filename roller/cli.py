@@ -61,6 +61,9 @@ def cmd_build(args) -> int:
     shape = ops.parse_shape(spec, args.shape, args.dtype)
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
+    if args.plot:
+        from .plot import check_plot_path
+        check_plot_path(args.plot)  # matplotlib and the path too
     result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
                           progress=not args.json and sys.stderr.isatty(), **options)
     saved = result.save(args.out) if args.out else None
@@ -68,6 +71,9 @@ def cmd_build(args) -> int:
         print(json.dumps(result.report))
     else:
         _print_build(result.report, saved)
+    if args.plot:
+        from .plot import plot_build
+        print(f"wrote the roofline {plot_build(result, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -125,6 +131,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-profile", action="store_true", help="build only the model's first plan (still verified)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--out", metavar="DIR", help="write the kernel library and the report into DIR")
+    b.add_argument("--plot", metavar="FILE", help="draw a roofline of the candidates (predicted and measured) "
+                                                  "into FILE.png / .svg / .pdf; needs roller[plot] (matplotlib)")
     b.set_defaults(func=cmd_build)
 
     d = sub.add_parser("devices", help="list the devices roller knows (host and shipped specs)")
