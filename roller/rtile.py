@@ -57,17 +57,25 @@ def compute_lanes(expr: Expr, device: Device) -> int:
     return device.units.lanes(expr.dtype)
 
 
+def gathers(expr: Expr, axis: str) -> bool:
+    """Whether vectorizing ``axis`` gathers: some tensor is indexed by it outside its contiguous
+    dimension, so each of its vectors takes one load per lane."""
+    return any(axis in t.axes and axis not in t.innermost_axes() for t in expr.tensors)
+
+
 def vector_candidates(expr: Expr) -> tuple[str, ...]:
-    """The axes a plan may vectorize: every axis that indexes some tensor's contiguous dimension with
-    coefficient 1, most tensor bytes first (ties: spatial, then the output's). Construction builds plans
-    for each; the model ranks them (gathers and broadcasts are charged at level 0)."""
+    """The axes a plan may vectorize: the axes that index some tensor's contiguous dimension with
+    coefficient 1 and gather from no tensor (lanes load contiguous data, or broadcast one element),
+    most tensor bytes first (ties: spatial, then the output's). Only when every such axis gathers (a
+    transpose) are they all candidates. Construction builds plans for each; the model ranks them."""
     weight: dict[str, tuple[int, int, int]] = {}
     for t in expr.tensors:
         for a in t.innermost_axes():
             w, _, _ = weight.get(a, (0, 0, 0))
             weight[a] = (w + math.prod(t.shape), int(expr.axis(a).kind != REDUCE),
                          int(a in expr.output.innermost_axes()))
-    return tuple(sorted(weight, key=lambda a: weight[a], reverse=True))
+    ranked = sorted(weight, key=lambda a: weight[a], reverse=True)
+    return tuple([a for a in ranked if not gathers(expr, a)] or ranked)
 
 
 @dataclass(frozen=True)

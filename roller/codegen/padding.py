@@ -91,16 +91,11 @@ def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded:
     except ScheduleError as e:
         raise BuildError(f"{expr.name}: TVM cannot pad axes {sorted(padded)} of block {expr.block!r}: "
                          f"{str(e).splitlines()[-1]}") from None
-    for w in windows:  # re-indexed inputs that got no pad block read the original tensor again
-        stage = sch.get_sblock(w)
-        if all(sch.get(c).name_hint == expr.block for c in sch.get_consumers(stage)):
-            sch.compute_inline(stage)
+    # The re-index stages go again: inlined into the main block where no axis of theirs was padded (it
+    # reads the original tensor), else into their pad block (the window gather moves into the copy).
+    for w in windows:
+        sch.compute_inline(sch.get_sblock(w))
     block = sch.get_sblock(expr.block)
-    for w in windows:  # the others: the window gather moves into the pad block
-        try:
-            sch.compute_inline(sch.get_sblock(w))
-        except (ScheduleError, ValueError, tvm.TVMError):
-            pass  # already inlined above
     crops = [sch.get(c).name_hint for c in sch.get_consumers(block)]
     for c in crops:
         _guard_crop(sch, sch.get_sblock(c))

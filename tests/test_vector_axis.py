@@ -1,0 +1,92 @@
+"""The vector axis is a plan choice (roller.rtile.vector_candidates, ranked by the model): the cases where
+a fixed 'most bytes' rule picked a reduction with a tiny register tile, pinned, and built against numpy."""
+import numpy as np
+import pytest
+
+from roller import ops
+from roller.api import analyze, build_op
+from roller.construct import construct
+from roller.device import load_device
+from roller.rtile import LevelRules, footprint, gathers, vector_candidates
+from roller.tails import partial_sums
+
+from policy_exprs import conv2d_nhwc, cpu, matmul, reduce_rows
+
+DEV = cpu()
+
+
+def op_expr(op, shape, **options):
+    spec = ops.OPS[op].with_options(**options)
+    return analyze(spec.make(shape))[0]
+
+
+def test_candidates_skip_axes_that_gather():
+    # matmul: k indexes B outside its contiguous dimension (a gather); n is contiguous in B and C
+    assert vector_candidates(matmul(64, 64, 64)) == ("j",)
+    assert gathers(matmul(64, 64, 64), "k") and not gathers(matmul(64, 64, 64), "j")
+    # NHWC conv: c is contiguous in the input but strided in the weight [R, S, C, K]
+    assert vector_candidates(conv2d_nhwc(1, 28, 28, 64, 32, 3, 3, stride=2)) == ("k",)
+    # a row sum: the reduced axis is contiguous in the input, and the output is not indexed by it
+    assert vector_candidates(reduce_rows(4096, 7)) == ("k",)
+
+
+def test_partial_sums_count_a_vector_per_output_element():
+    """Along a reduced vector axis every output element of the register tile holds lanes partial sums."""
+    e = reduce_rows(64, 256)
+    reg = {"i": 4, "k": 32}
+    rules = LevelRules.of(DEV, 0, e, "k")
+    assert footprint(e, reg, rules) == 4 * 32 * 4 + 4 * 16 * 4  # input region + 4 accumulator vectors
+    assert partial_sums(e, reg, "k", 16)
+    assert not partial_sums(e, {"i": 4, "k": 7}, "k", 16)  # less than a vector: scalar
+
+
+def test_bmm_with_m_greater_than_n_vectorizes_n():
+    """A[b, m, k] outweighs the output when M > N; the plan still vectorizes n with a real register tile."""
+    e = op_expr("batch_matmul", dict(B=8, M=256, N=64, K=256))
+    best = construct(e, DEV, topk=3).programs[0]
+    assert best.vector_axis == "n"
+    assert best.tiles[0]["n"] % 16 == 0 and best.tiles[0]["m"] * best.tiles[0]["n"] // 16 >= 4
+
+
+def test_nhwc_conv_with_c_greater_than_k_vectorizes_k():
+    e = op_expr("conv2d", dict(N=1, H=57, W=57, C=64, K=32, R=3, S=3, stride=2))
+    best = construct(e, DEV, topk=3).programs[0]
+    assert best.vector_axis == "k" and best.tiles[0]["k"] % 16 == 0
+
+
+def test_row_sum_vectorizes_the_reduced_axis_with_partial_sums():
+    e = op_expr("reduce_sum", dict(M=512, N=1024))
+    best = construct(e, DEV, topk=3).programs[0]
+    assert best.vector_axis == "n" and best.partial_sums
+
+
+def test_linear_layer_weight_vectorizes_the_reduction():
+    """matmul nt (B is [N, K]): n would gather from B, so the dot-product lanes run along k."""
+    e = op_expr("matmul", dict(M=1, N=1000, K=1280), layout="nt")
+    assert vector_candidates(e) == ("k",)
+    best = construct(e, DEV, topk=3).programs[0]
+    assert best.vector_axis == "k" and best.partial_sums
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("op,shape", [
+    ("batch_matmul", dict(B=2, M=96, N=24, K=40)),
+    ("conv2d", dict(N=1, H=23, W=23, C=40, K=24, R=3, S=3, stride=2)),
+    ("reduce_sum", dict(M=37, N=300)),
+    ("conv2d", dict(N=1, H=19, W=19, C=36, K=36, R=1, S=1)),
+])
+def test_chosen_plans_build_and_match_numpy(op, shape):
+    """The model's first plan for each case builds, vectorizes what it planned, and matches numpy."""
+    res = build_op(op, shape, device=load_device("host"), profile=False)
+    assert res.report["verified"]
+    spec = ops.OPS[op]
+    full = ops.validate_shape(op, shape)
+    ins = spec.inputs(full, "float32", np.random.default_rng(7))
+    ref = spec.reference(ins, full)
+    import tvm
+
+    out = tvm.runtime.tensor(np.full(ref.shape, np.nan, "float32"))
+    res.module["main"](*[tvm.runtime.tensor(a) for a in ins], out)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+    assert res.program.vector_axis in vector_candidates(res.expr)
+    assert not res.report["candidates"][res.report["chosen"]]["notes"]
