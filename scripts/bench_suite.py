@@ -72,6 +72,7 @@ import numpy as np  # noqa: E402
 from benchutil import openblas_info, peers, time_alternately  # noqa: E402
 
 SUITE = Path(__file__).with_name("suite.csv")
+BUSY_LOAD = 1.0  # 1-minute load average above which the machine is not ours alone (warned in the report)
 FAR = 0.9  # the summary's share of cases where roller is at least this fast relative to the best peer
 
 
@@ -139,13 +140,10 @@ def _spec(case: Case):
     spec = ops.OPS.get(case.op)
     if spec is None:
         raise Skip(f"unknown operator {case.op}")
-    if case.options:
-        if not hasattr(spec, "with_options"):
-            raise Skip(f"unknown option(s) {case.options_text}")
-        try:
-            spec = spec.with_options(**case.options)
-        except InvalidShapeError as e:
-            raise Skip(f"unknown option: {e}") from None
+    try:
+        spec = spec.with_options(**case.options)
+    except InvalidShapeError as e:
+        raise Skip(f"unknown option: {e}") from None
     try:
         ops.validate_shape(spec, case.shape)
     except InvalidShapeError as e:
@@ -207,9 +205,11 @@ def _recheck(module, arrays, out_shape, reference, tol) -> tuple[bool, object]:
     """Runs a built kernel on the benchmark's arrays; (output matches the reference, its argument list)."""
     import tvm
 
+    from roller.profile import _fill_sentinel  # NaNs: a kernel that skips part of its output cannot pass
+
     dev = tvm.cpu()
     targs = [tvm.runtime.tensor(a, dev) for a in arrays]
-    targs.append(tvm.runtime.empty(tuple(out_shape), str(reference.dtype), dev))
+    targs.append(tvm.runtime.tensor(_fill_sentinel(np.empty(tuple(out_shape), reference.dtype)), dev))
     module["main"](*targs)
     return bool(np.allclose(targs[-1].numpy(), reference, rtol=tol[0], atol=tol[1])), targs
 
@@ -252,7 +252,7 @@ def run_case(case: Case, device, args) -> Row:
     # memory-bound: fewer flops per byte of all tensors than the device can do per byte from that level
     row.memory_bound = row.flops / row.nbytes < row.peak_gflops / row.level_gbps
 
-    opts = getattr(spec, "option_values", case.options)
+    opts = spec.option_values
     impls = [("top1", lambda: res1.module["main"](*args1)), ("topk", lambda: resk.module["main"](*argsk))]
     for p in peers(case.op, full, arrays, out_shape, opts, use_torch=not args.no_torch):
         got = p.to_numpy(p.run())
@@ -413,6 +413,11 @@ def main(argv=None) -> int:
             torch.set_num_threads(device.units.count)
             info.append(f"torch {torch.__version__}, {torch.get_num_threads()} threads. Note: installed torch makes "
                         f"every `import tvm` ~2.5 s slower: `pip uninstall -y torch` after benchmarking")
+    load = os.getloadavg()[0]
+    if load >= BUSY_LOAD:
+        info.append(f"WARNING: load average {load:.1f} on {os.cpu_count()} CPUs before the suite started: other "
+                    f"processes compete for the cores and threaded kernels (roller's and the peers') slow down "
+                    f"unevenly; rerun on a quiet machine before quoting ratios")
     for line in info:
         print(line, file=sys.stderr, flush=True)
 
@@ -427,7 +432,8 @@ def main(argv=None) -> int:
     line = summary(rows, args.topk)
     head = "\n".join(f"- {x}" for x in info) + (
         f"\n- ratio = best peer time / roller top-{args.topk} time (> 1: roller faster); medians of {args.rounds} "
-        f"alternating rounds; suite ran {time.perf_counter() - t0:.0f} s")
+        f"alternating rounds; suite ran {time.perf_counter() - t0:.0f} s; load average at the end "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     text = f"# roller cliff suite\n\n{head}\n\n{table}\n\n{line}\n"
     (out_dir / "suite.md").write_text(text)
     write_csv(rows, out_dir / "suite.csv")
