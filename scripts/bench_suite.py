@@ -302,7 +302,7 @@ def markdown(rows: list[Row], topk: int, peer_names: list[str]) -> str:
         cells = [c.name, c.op, shape, _t(r.top1), _t(r.topk), *(_t(r.peers.get(p)) for p in peer_names),
                  _f(r.ratio), _f(r.top1_over_topk), throughput(r),
                  f"{_f(r.build1, '{:.1f}')} / {_f(r.buildk, '{:.1f}')}" if r.buildk else "-",
-                 ("yes" if r.verified else "NO") if r.status != "ok" or r.topk else "-", notes]
+                 "-" if r.status.startswith("skipped") else ("yes" if r.verified else "NO"), notes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
