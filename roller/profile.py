@@ -115,7 +115,7 @@ class ProfileResult:
 # ---------------------------------------------------------------------------------------------
 # Worker side: everything here runs in a child process.
 
-def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Device, out_dir: str,
+def _build_in_worker(func_json: str, expr: Expr, program: dict | None, device: Device, out_dir: str,
                      index: int, hook: Callable | None) -> tuple[str | None, float, str | None, tuple[str, ...]]:
     """Schedules (unless ``program`` is None), compiles and exports one kernel.
 
@@ -131,7 +131,7 @@ def _build_in_worker(script: str, expr: Expr, program: dict | None, device: Devi
         t0 = time.perf_counter()  # compile time, without the worker's one-time imports
         if hook is not None:
             hook(index, program)
-        func = tvm.script.from_source(script)
+        func = tvm.ir.load_json(func_json)  # JSON, not TVMScript: the parser reads float literals as float32
         if program is None:
             mod = tvm.IRModule({"main": func})
         else:
@@ -194,7 +194,7 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=_context())
 
 
-def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
+def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
                hook: Callable | None, progress) -> dict[int, tuple[str | None, float | None, str | None]]:
     """Builds every job; a worker that dies fails only the jobs that were running in it."""
     results: dict[int, tuple] = {}
@@ -203,7 +203,7 @@ def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], dev
     while pending:
         pool = _new_pool(workers)
         with _main_module_hidden():  # workers start on submit
-            futures = {idx: pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
+            futures = {idx: pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook)
                        for idx, prog in pending}
         broken = False
         for idx, fut in futures.items():
@@ -224,7 +224,7 @@ def _build_all(script: str, expr: Expr, jobs: list[tuple[int, dict | None]], dev
             pool = _new_pool(1)
             try:
                 with _main_module_hidden():
-                    fut = pool.submit(_build_in_worker, script, expr, prog, device, out_dir, idx, hook)
+                    fut = pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook)
                 results[idx] = fut.result()
             except BrokenProcessPool:
                 results[idx] = (None, None, "worker process died while building (TVM crash or abort)", ())
@@ -324,7 +324,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         jobs: list[tuple[int, dict | None]] = [(i, p.to_dict()) for i, p in enumerate(programs)]
         if reference is None:
             jobs.append((-1, None))  # the unscheduled function gives the reference
-        built = _build_all(func.script(), expr, jobs, device, tmp, _worker_hook, bar)
+        built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
