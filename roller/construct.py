@@ -150,7 +150,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
     """The plan with every layout choice the generated code depends on (see RProgram)."""
     packed, pads = packing(expr, tiles, device, vector_axis)
     lanes = compute_lanes(expr, device)
-    predicated = () if padded else overhangs(expr, tiles)
+    predicated = () if padded else overhangs(expr, tiles, vector_axis, lanes)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
     foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, vector_axis)
@@ -203,7 +203,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProg
             for b in _shrink_bounds(expr, device):
                 found += _plans(expr, device, epsilon, b, va)
         for tiles in found:  # each way to cover the overhanging axes is a plan of its own
-            for padded, _ in tail_options(expr, tiles):
+            for padded, _ in tail_options(expr, tiles, va, compute_lanes(expr, device)):
                 plans.append((va, tiles, padded))
                 ests.append(estimate(expr, tiles, device, va, padded))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
@@ -275,7 +275,7 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             tiles.append(tile)
         if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(expr, tiles, device, va), levels)):
             continue
-        padded = rng.choice(tail_options(expr, tiles))[0]
+        padded = rng.choice(tail_options(expr, tiles, va, compute_lanes(expr, device)))[0]
         est = estimate(expr, tiles, device, va, padded)
         prog = _program(expr, tiles, device, epsilon, est, va, padded)
         if prog.key not in seen:

@@ -136,9 +136,9 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis)
     if padded is None:
-        padded = tail_options(expr, tiles)[-1][0]
-    predicated = () if padded else overhangs(expr, tiles)
-    slow = scalar_fraction(expr, tiles, vector_axis, predicated)
+        padded = tail_options(expr, tiles, vector_axis, lanes)[-1][0]
+    predicated = () if padded else overhangs(expr, tiles, vector_axis, lanes)
+    slow = scalar_fraction(expr, tiles, vector_axis, lanes, predicated)
     compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes, vector_axis) * (1 + slow * (lanes - 1)) / (rate * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)

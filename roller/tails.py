@@ -47,22 +47,29 @@ def can_pad(expr: Expr, axis: str) -> bool:
     return a.kind != REDUCE or axis in expr.zero_pad_axes
 
 
-def _clamped_top(expr: Expr, tiles: Sequence[Mapping[str, int]], axis: str) -> int:
-    return clamp_tiles(expr.axis(axis).extent, [t[axis] for t in tiles])[-1]
+def clamped_top(expr: Expr, tiles: Sequence[Mapping[str, int]], axis: str, vector_axis: str | None,
+                lanes: int) -> int:
+    """The top tile along ``axis`` as code generation runs it: clamped (``rtile.clamp_tiles``) to the
+    tiling extent, so a tile larger than a short extent shrinks to it, except that the vector axis keeps
+    whole vectors (36 lanes tiled by 48 stay 48: a 36-wide vector loop ran 15x slower than 48 in TVM)."""
+    extent = tiling_extents(expr, vector_axis, lanes)[axis]
+    return clamp_tiles(extent, [t[axis] for t in tiles])[-1]
 
 
-def overhangs(expr: Expr, tiles: Sequence[Mapping[str, int]]) -> tuple[str, ...]:
-    """Axes whose (clamped) tiles do not divide the extent: their last tile runs past it. A tile larger
-    than a short extent is clamped to it (36 lanes tiled by 48 runs exactly 36: no overhang)."""
-    return tuple(a.name for a in expr.axes if round_up(a.extent, _clamped_top(expr, tiles, a.name)) != a.extent)
+def overhangs(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None = None,
+              lanes: int = 1) -> tuple[str, ...]:
+    """Axes whose (clamped) tiles do not divide the extent: their last tile runs past it."""
+    return tuple(a.name for a in expr.axes
+                 if round_up(a.extent, clamped_top(expr, tiles, a.name, vector_axis, lanes)) != a.extent)
 
 
-def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None = None,
+                 lanes: int = 1) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """The ways a plan may cover its overhanging axes, as (padded axes, predicated axes): predicated,
     and padded when ``can_pad`` allows every overhanging axis (pad_einsum pads the block as a whole).
     Construction makes a plan of each; the model charges the copies of one and the scalar tail of the
     other."""
-    over = overhangs(expr, tiles)
+    over = overhangs(expr, tiles, vector_axis, lanes)
     if not over:
         return [((), ())]
     options = [((), over)]
@@ -71,14 +78,14 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]]) -> list[tuple[t
     return options
 
 
-def scalar_fraction(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+def scalar_fraction(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
                     predicated: tuple[str, ...]) -> float:
     """The fraction of the iteration space whose vector loop carries a bound and so runs scalar: the last
     top tile along a predicated vector axis (lowering splits it off the others)."""
     if vector_axis is None or vector_axis not in predicated:
         return 0.0
     extent = expr.axis(vector_axis).extent
-    t = _clamped_top(expr, tiles, vector_axis)
+    t = clamped_top(expr, tiles, vector_axis, vector_axis, lanes)
     return (extent - (extent // t) * t) / extent
 
 

@@ -30,7 +30,7 @@ def program(expr, reg, l1, l2, packed=(), pad=None, padded=True):
     padded where roller.tails allows it (``padded=False``: predicated)."""
     names = [a.name for a in expr.axes]
     tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
-    pads, preds = tail_options(expr, tiles)[-1 if padded else 0]
+    pads, preds = tail_options(expr, tiles, expr.vector_axis, 16)[-1 if padded else 0]
     return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=2, waves=1, vector_axis=expr.vector_axis,
                     packed=tuple(packed), storage_pad=dict(pad or {}), padded=pads, predicated=preds)
 
@@ -69,7 +69,7 @@ def test_padded_extents_round_up_to_clamped_top_tiles():
     prog = program(expr, (8, 16, 1), (72, 16, 2), (72, 48, 2))
     assert prog.padded == ("i", "k") and prog.predicated == ()
     # i: 1000 -> 14 tiles of 72; j: the tiles clamp to the extent (5); k: 3 -> 2 tiles of 2
-    assert padded_extents(expr, prog) == {"i": 1008, "j": 5, "k": 4}
+    assert padded_extents(expr, prog, 16) == {"i": 1008, "j": 5, "k": 4}
     assert program(expr, (8, 16, 1), (72, 16, 2), (72, 48, 2), padded=False).predicated == ("i", "k")
 
 
@@ -88,7 +88,7 @@ def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, o
     plans = list(construct(expr, device, topk=2).programs)
     over = next((p for p in plans if p.padded or p.predicated), None)
     assert over is not None, f"{op} {shape}: no constructed plan overhangs, the case tests nothing"
-    options = tail_options(expr, over.tiles)
+    options = tail_options(expr, over.tiles, over.vector_axis, 16)
     assert len(options) == 2, "every overhanging axis of these einsums can be padded"
     for pads, preds in options:
         plans.append(replace(over, padded=pads, predicated=preds))
@@ -106,7 +106,7 @@ def test_small_extents_pad_without_predicates(device, shape, tiles):
     func, expr, ins, ref = op_case("matmul", shape)
     prog = program(expr, *tiles, packed=("B",), pad={"B": 16})
     assert prog.padded
-    padded = pad_to_tiles(func, expr, prog)
+    padded = pad_to_tiles(func, expr, prog, 16)
     assert padded.program.packed == ("B_pad",)
     assert padded.program.storage_pad == {"B_pad": 16}
     run(func, expr, prog, device, ins, ref)
@@ -116,7 +116,7 @@ def test_small_extents_pad_without_predicates(device, shape, tiles):
 def test_padded_main_block_has_no_predicate(device):
     func, expr, ins, ref = op_case("matmul", dict(M=1000, N=1000, K=1000))
     prog = program(expr, (8, 48, 1), (72, 48, 16), (72, 336, 336))
-    padded = pad_to_tiles(func, expr, prog)
+    padded = pad_to_tiles(func, expr, prog, 16)
     assert padded.extents == {"m": 1008, "n": 1008, "k": 1008}
     assert {t.name for t in padded.expr.inputs} == {"A_pad", "B_pad"}
     assert padded.expr.output.shape == (1008, 1008)
@@ -140,8 +140,8 @@ def test_padded_main_block_has_no_predicate(device):
 def test_conv2d_pads_through_a_reindexed_window(device, shape, tiles):
     func, expr, ins, ref = op_case("conv2d", shape)
     prog = program(expr, *tiles)
-    assert prog.padded and padded_extents(expr, prog) != expr.extents
-    padded = pad_to_tiles(func, expr, prog)
+    assert prog.padded and padded_extents(expr, prog, 16) != expr.extents
+    padded = pad_to_tiles(func, expr, prog, 16)
     window = next(t for t in padded.expr.inputs if t.name.startswith("pad_temp") or t.name.startswith("data"))
     assert all(len(dim) == 1 for dim in window.index)  # one plain dimension per axis after reindex
     assert not main_block_predicated(schedule(func, expr, prog, device), expr.block)
@@ -186,7 +186,7 @@ def test_max_reduction_does_not_pad_its_reduce_axis(device):
     prog = program(expr, (4, 16, 1), (8, 16, 4), (8, 32, 4))
     assert prog.padded == () and "k" in prog.predicated
     with pytest.raises(BuildError, match="zero padding would change the result"):
-        pad_to_tiles(func, expr, replace(prog, padded=prog.predicated, predicated=()))
+        pad_to_tiles(func, expr, replace(prog, padded=prog.predicated, predicated=()), 16)
     rng = np.random.default_rng(2)
     ins = [rng.uniform(-1, -0.5, (M, K)).astype("float32"), rng.uniform(0.5, 1, (K, N)).astype("float32")]
     ref = (ins[0][:, :, None].astype("float64") * ins[1][None]).max(axis=1)  # all negative: a 0 would win
@@ -198,8 +198,8 @@ def test_streaming_and_fused_plans_are_not_padded(device):
     func, expr, _, _ = op_case("reduce_sum", dict(M=127, N=1021))
     assert expr.zero_pad_axes == ("n",)
     tiles = tuple(dict(zip(("m", "n"), t)) for t in ((1, 16), (16, 256), (16, 1024)))
-    assert tail_options(expr, tiles) == [((), ("m", "n"))]
+    assert tail_options(expr, tiles, "n", 16) == [((), ("m", "n"))]
     func, expr, _, _ = op_case("add_relu", dict(M=7, N=129))
     assert len(expr.axes) == 1 and len(expr.axes[0].parts) == 2
     (axis,) = expr.axes
-    assert tail_options(expr, ({axis.name: 16}, {axis.name: 64}, {axis.name: 256})) == [((), (axis.name,))]
+    assert tail_options(expr, ({axis.name: 16}, {axis.name: 64}, {axis.name: 256}), axis.name, 16) == [((), (axis.name,))]

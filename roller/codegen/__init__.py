@@ -21,12 +21,13 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
     to ``notes``.
     """
     if device.kind == "cpu":
+        from ..rtile import compute_lanes
         from .cpu import schedule_cpu
         from .padding import pad_to_tiles
 
         root = frozenset()
         if program.padded:
-            padded = pad_to_tiles(func, expr, program)
+            padded = pad_to_tiles(func, expr, program, compute_lanes(expr, device))
             func, expr, program, root = padded.func, padded.expr, padded.program, padded.root_copies
         return schedule_cpu(func, expr, program, device, root, notes)
     raise BuildError(f"device {device.name!r} is of kind {device.kind!r}: roller generates code for "

@@ -32,6 +32,7 @@ from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
+from ..tails import tiling_extents
 
 
 @dataclass
@@ -162,11 +163,12 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     notes = notes if notes is not None else []
 
     axis_loop = _fuse_axes(sch, block, expr)
+    tiling = tiling_extents(expr, program.vector_axis, lanes)  # whole vectors along the vector axis
     # --- split every axis per level (clamped sizes). Loops of one iteration are not created: TVM would
     # still count them as reduce loops, and the accumulator's init must sit above every reduce loop.
     axes: list[_AxisLoops] = []
     for ax in expr.axes:
-        sizes = clamp_tiles(extents[ax.name], [t[ax.name] for t in program.tiles])
+        sizes = clamp_tiles(tiling[ax.name], [t[ax.name] for t in program.tiles])
         factors = ([math.ceil(extents[ax.name] / sizes[-1])]
                    + [sizes[l] // sizes[l - 1] for l in range(nlev - 1, 0, -1)] + [sizes[0]])
         keep = [i for i, f in enumerate(factors) if f > 1] or [len(factors) - 1]

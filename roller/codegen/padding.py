@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import BuildError
 from ..expr import Expr, TensorAccess
 from ..rprogram import RProgram
-from ..rtile import clamp_tiles
-from ..tails import copied_per_tile
+from ..rtile import round_up
+from ..tails import clamped_top, copied_per_tile
 from ..analysis import zero_padding_is_neutral
 
 
@@ -34,30 +34,15 @@ class Padded:
     root_copies: frozenset[str] = frozenset()  # padded inputs copied once at root (roller.tails.copied_per_tile)
 
 
-def padded_extents(expr: Expr, program: RProgram) -> dict[str, int]:
-    """Each padded axis's extent rounded up to a whole number of (clamped) top tiles; the other axes
-    keep theirs.
-
-    Tiles are clamped as code generation clamps them (``clamp_tiles``), so a tile larger than a small
-    extent pads nothing. The rounding
-    repeats until the padded extent is a multiple of its own clamped top tile, which is what the
-    schedule of the padded function splits by.
-    """
-    out = {}
-    for a in expr.axes:
-        ext = a.extent
-        if a.name in program.padded:
-            sizes = [t[a.name] for t in program.tiles]
-            while True:
-                top = clamp_tiles(ext, sizes)[-1]
-                if ext % top == 0:
-                    break
-                ext = -(-ext // top) * top
-        out[a.name] = ext
-    return out
+def padded_extents(expr: Expr, program: RProgram, lanes: int) -> dict[str, int]:
+    """Each padded axis's extent rounded up to a whole number of top tiles as code generation runs them
+    (``roller.tails.clamped_top``: clamped to the extent, whole vectors on the vector axis); the other
+    axes keep theirs."""
+    return {a.name: round_up(a.extent, clamped_top(expr, program.tiles, a.name, program.vector_axis, lanes))
+            if a.name in program.padded else a.extent for a in expr.axes}
 
 
-def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded:
+def pad_to_tiles(func, expr: Expr, program: RProgram, lanes: int) -> Padded:
     """``func`` with the main block padded along ``program.padded`` to whole top tiles.
 
     ``func`` is the normalized PrimFunc ``expr`` describes (``roller.api.analyze``); the result computes
@@ -72,7 +57,7 @@ def pad_to_tiles(func, expr: Expr, program: RProgram) -> Padded:
     problem = program.problem([a.name for a in expr.axes])
     if problem:
         raise BuildError(f"{problem} ({expr.name})")
-    extents = padded_extents(expr, program)
+    extents = padded_extents(expr, program, lanes)
     padded = {a.name for a in expr.axes if extents[a.name] != a.extent}
     if not padded or not expr.block:
         raise BuildError(f"{expr.name}: the plan pads {list(program.padded)} but no axis needs it")
