@@ -2,10 +2,17 @@
 
 For each operator and shape: roller builds its kernel exactly as ``roller build`` does (construction,
 top-10 profile, numpy check), then roller's kernel, PyTorch and numpy are timed alternately in this one
-process on the same inputs (medians of several rounds), and the ratios are printed. PyTorch runs with
-torch.set_num_threads(cores) and conv2d in channels_last (NHWC) memory format; numpy is single-threaded
-for everything but matmul (OpenBLAS). OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are left as they are here:
-use scripts/bench_matmul.py for the numpy GEMM comparison with those unset.
+process on the same inputs (medians of several rounds), and the ratios are printed. Every result (roller's
+and the peers') is checked against numpy's float64 reference first.
+
+Like with like: every implementation writes into an output it was given once (roller's preallocated
+buffer; ``out=`` for numpy and PyTorch where the function has it, and relu in place), so no one pays for
+allocating temporaries the others do not. The thread counts are printed: roller runs on TVM_NUM_THREADS
+threads (the device's cores unless set), PyTorch with torch.set_num_threads(cores), conv2d in
+channels_last (NHWC) memory format; numpy's elementwise ops and reductions run on ONE thread (the column
+says "numpy[1 thread]"), its matmul in OpenBLAS on its own threads ("numpy[OpenBLAS]"; the header line
+names OpenBLAS's kernel and thread count). OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are
+left as they are here: use scripts/bench_matmul.py for the numpy GEMM comparison with those unset.
 
     python scripts/bench_ops.py [--rounds 5] [--ops matmul,conv2d,...]
 
@@ -16,11 +23,12 @@ benchmarking: with torch installed, `import tvm` imports it too (about 2.5 s mor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
-from benchutil import peers, time_alternately
+from benchutil import openblas_info, peers, time_alternately
 
 CASES = [
     ("matmul", {"M": 1024, "N": 1024, "K": 1024}),
@@ -44,13 +52,20 @@ def main(argv=None) -> int:
     from roller import ops
     from roller.device import load_device
 
+    from roller.profile import TOLERANCE, _fill_sentinel
+    from roller.tvmutil import set_threads
+
     device = load_device()
+    set_threads(device.units.count)  # before any kernel runs; a TVM_NUM_THREADS of the user's wins
+    threads = [f"roller (TVM) {os.environ['TVM_NUM_THREADS']} threads",
+               "numpy elementwise / reductions 1 thread, matmul in OpenBLAS (" + openblas_info() + ")"]
     try:
         import torch
         torch.set_num_threads(device.units.count)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", file=sys.stderr)
+        threads.insert(1, f"torch {torch.__version__} {torch.get_num_threads()} threads")
     except ImportError:
         print("torch not installed: PyTorch column skipped", file=sys.stderr)
+    print("threads: " + "; ".join(threads), flush=True)
     wanted = set(args.ops.split(",")) if args.ops else None
     for op, shape in CASES:
         if wanted and op not in wanted:
@@ -59,16 +74,23 @@ def main(argv=None) -> int:
         full = ops.validate_shape(op, shape, "float32")
         res = roller.build_op(op, full, device=device)
         arrays = spec.inputs(full, "float32", np.random.default_rng(1))
+        ref = spec.reference(arrays, full)
+        rtol, atol = TOLERANCE["float32"]
         dev = tvm.cpu()
         targs = [tvm.runtime.tensor(a, dev) for a in arrays]
-        targs.append(tvm.runtime.empty(spec.output_shape(full), "float32", dev))
+        targs.append(tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), dev))
         res.module["main"](*targs)
-        np.testing.assert_allclose(targs[-1].numpy(), spec.reference(arrays, full), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(targs[-1].numpy(), ref, rtol=rtol, atol=atol, err_msg=f"roller {op}")
         found = peers(op, full, arrays, spec.output_shape(full))
-        impls = [("roller", lambda: res.module["main"](*targs))] + [(p.name, p.run) for p in found]
+        for p in found:  # the peers compute the same thing
+            np.testing.assert_allclose(p.to_numpy(p.run()), ref, rtol=rtol, atol=atol, err_msg=f"{p.name} {op}")
+        # each peer's column says how it runs (benchutil's note: "1 thread" for numpy's elementwise ops
+        # and sums, "OpenBLAS" for its matmul)
+        impls = [("roller", lambda: res.module["main"](*targs))] + \
+                [(f"{p.name}[{p.note}]" if p.note else p.name, p.run) for p in found]
         med = time_alternately(impls, rounds=args.rounds)
         flops = spec.flops(full)
-        nbytes = sum(a.nbytes for a in arrays) + targs[-1].numpy().nbytes
+        nbytes = sum(a.nbytes for a in arrays) + ref.nbytes
         unit = (lambda s: f"{flops / s / 1e9:7.1f} GFLOP/s") if op in ("matmul", "batch_matmul", "conv2d") else \
                (lambda s: f"{nbytes / s / 1e9:7.1f} GB/s   ")
         shape_txt = ",".join(f"{k}={v}" for k, v in shape.items())
