@@ -9,6 +9,7 @@ from roller import ops
 from roller.analysis import Analysis, analyze
 from roller.errors import UnsupportedExpressionError
 from roller.expr import REDUCE, SPATIAL, fuse_axes
+from roller.profile import _fill_sentinel
 
 
 def axes_of(expr):
@@ -23,7 +24,7 @@ def run(func, arrays, out_shape, out_dtype="float32"):
     """Builds ``func`` unscheduled and runs it on ``arrays``."""
     ex = tvm.compile(func, "llvm")
     dev = tvm.cpu()
-    out = tvm.runtime.empty(out_shape, out_dtype, dev)
+    out = tvm.runtime.tensor(_fill_sentinel(np.empty(out_shape, out_dtype)), dev)
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy()
 

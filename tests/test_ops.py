@@ -7,6 +7,7 @@ import pytest
 
 from roller import ops
 from roller.errors import InvalidShapeError
+from roller.profile import _fill_sentinel
 
 
 def run_unscheduled(spec, shape, dtype="float32", seed=0):
@@ -17,7 +18,7 @@ def run_unscheduled(spec, shape, dtype="float32", seed=0):
     ex = tvm.compile(func, "llvm")
     arrays = spec.inputs(shape, dtype, np.random.default_rng(seed))
     dev = tvm.cpu()
-    out = tvm.runtime.empty(spec.output_shape(shape), spec.out_dtype(dtype), dev)
+    out = tvm.runtime.tensor(_fill_sentinel(np.empty(spec.output_shape(shape), spec.out_dtype(dtype))), dev)
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy(), spec.reference(arrays, shape)
 
