@@ -21,7 +21,8 @@ from .expr import REDUCE, Expr
 from .model import Estimate, compute_rate, data_source, estimate, rank
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
-                    next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic, vector_candidates)
+                    layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
+                    vector_candidates)
 from .tails import overhangs, partial_sums, tail_options, tiling_extents
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -149,6 +150,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
              vector_axis: str | None, padded: tuple[str, ...]) -> RProgram:
     """The plan with every layout choice the generated code depends on (see RProgram)."""
     packed, pads = packing(expr, tiles, device, vector_axis)
+    layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
     lanes = compute_lanes(expr, device)
     predicated = () if padded else overhangs(expr, tiles, vector_axis, lanes)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
@@ -158,6 +160,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
         units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
         padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
+        layouts=layouts,
         predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
         footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
@@ -190,27 +193,30 @@ def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
     return out
 
 
-def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProgram]:
+def enumerate_programs(expr: Expr, device: Device, epsilon: float,
+                       axes: tuple[str, ...] | None = None) -> list[RProgram]:
     """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated.
 
     The vector axis is a choice like the tile sizes: plans are built for every candidate
-    (``rtile.vector_candidates``), each with its own level-0 rules, and ranked together."""
+    (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
+    layout (``rtile.layout_expr``), and ranked together."""
     plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...]]] = []
     ests: list[Estimate] = []
-    for va in vector_candidates(expr) or (None,):
-        found = _plans(expr, device, epsilon, {}, va)
-        if not found or max(estimate(expr, p, device, va).units for p in found) < device.units.count:
-            for b in _shrink_bounds(expr, device):
-                found += _plans(expr, device, epsilon, b, va)
+    for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
+        ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
+        found = _plans(ex, device, epsilon, {}, va)
+        if not found or max(estimate(ex, p, device, va).units for p in found) < device.units.count:
+            for b in _shrink_bounds(ex, device):
+                found += _plans(ex, device, epsilon, b, va)
         for tiles in found:  # each way to cover the overhanging axes is a plan of its own
-            for padded, _ in tail_options(expr, tiles, va, compute_lanes(expr, device)):
+            for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
                 plans.append((va, tiles, padded))
-                ests.append(estimate(expr, tiles, device, va, padded))
+                ests.append(estimate(ex, tiles, device, va, padded))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
     seen, out = set(), []
     for est, i in ranked:
         va, tiles, padded = plans[i]
-        prog = _program(expr, tiles, device, epsilon, est, va, padded)
+        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)
@@ -218,19 +224,24 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float) -> list[RProg
 
 
 def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
-    """The top-``topk`` plans for ``expr`` on ``device``; epsilon grows only while fewer than topk exist."""
+    """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than topk plans
+    exist, or while some vector-axis candidate has none yet (its aligned tiles may need a little padding
+    where another candidate's do not: every candidate reaches the model's ranking)."""
     if topk < 1:
         raise InvalidShapeError(f"topk must be at least 1, got {topk}")
     if not device.private_levels:
         raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
     t0 = time.perf_counter()
     best: list[RProgram] = []
+    pending = set(vector_candidates(expr))
     eps = EPSILON_STEPS[0]
     for eps in EPSILON_STEPS:
-        progs = enumerate_programs(expr, device, eps)
+        axes = None if len(best) < topk else tuple(sorted(pending))
+        progs = enumerate_programs(expr, device, eps, axes)
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
-        if len(best) >= topk:
+        pending -= {p.vector_axis for p in progs}
+        if len(best) >= topk and not pending:
             break
     if not best:
         raise UnsupportedExpressionError(
@@ -257,14 +268,15 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
         tiles: list[dict[str, int]] = []
         ok = True
         va = rng.choice(candidates)
-        extents = tiling_extents(expr, va, compute_lanes(expr, device))
+        ex = layout_expr(expr, va)
+        extents = tiling_extents(ex, va, compute_lanes(ex, device))
         for i in range(len(levels)):
-            rules = LevelRules.of(device, i, expr, va)
+            rules = LevelRules.of(device, i, ex, va)
             lower = tiles[-1] if tiles else {}
-            limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
+            limit = max(1, rules.capacity // min(t.elem_bytes for t in ex.tensors))
             tile = {}
-            for a in expr.axes:
-                sizes = aligned_sizes(extents[a.name], axis_step(expr, a.name, rules), lower.get(a.name, 1), epsilon, limit)
+            for a in ex.axes:
+                sizes = aligned_sizes(extents[a.name], axis_step(ex, a.name, rules), lower.get(a.name, 1), epsilon, limit)
                 if not sizes:
                     ok = False
                     break
@@ -273,11 +285,11 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             if not ok:
                 break
             tiles.append(tile)
-        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(expr, tiles, device, va), levels)):
+        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(ex, tiles, device, va), levels)):
             continue
-        padded = rng.choice(tail_options(expr, tiles, va, compute_lanes(expr, device)))[0]
-        est = estimate(expr, tiles, device, va, padded)
-        prog = _program(expr, tiles, device, epsilon, est, va, padded)
+        padded = rng.choice(tail_options(ex, tiles, va, compute_lanes(ex, device)))[0]
+        est = estimate(ex, tiles, device, va, padded)
+        prog = _program(ex, tiles, device, epsilon, est, va, padded)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

@@ -40,6 +40,9 @@ class TensorAccess:
     shape: tuple[int, ...]
     dtype: str
     index: tuple[tuple[tuple[str, int], ...], ...]
+    # set on the access of a packed copy whose dimensions are the tensor's in this order (a transposed
+    # layout, roller.rtile.layout_expr); empty for the tensor as stored
+    packed_order: tuple[int, ...] = ()
 
     @property
     def elem_bytes(self) -> int:

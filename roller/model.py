@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
-from .rtile import LevelRules, compute_lanes, level_footprints, packing, round_up, tile_counts, traffic
+from .rtile import LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tile_counts, traffic
 from .tails import copy_bytes, overhangs, partial_sums, scalar_fraction, tail_options, tiling_extents
 
 
@@ -130,6 +130,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
     if vector_axis is None:
         vector_axis = expr.vector_axis
+    expr = layout_expr(expr, vector_axis)  # inputs the plan packs transposed, as the kernel reads them
     _, spatial = tile_counts(expr, tiles[-1])
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)

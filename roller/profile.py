@@ -338,7 +338,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         out_np = np.empty(out_shape, dtype=out_dtype)
         out_tvm = tvm.runtime.tensor(_fill_sentinel(out_np), dev)
         if reference is None:
-            path, _, err = built[-1]
+            path, _, err, _ = built[-1]
             if path is None:
                 raise BuildError(f"profile: the unscheduled {expr.name} (used as the reference) did not build: {err}")
             tvm.runtime.load_module(path)["main"](*args_in, out_tvm)

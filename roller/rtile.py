@@ -11,7 +11,7 @@ Everything here is static arithmetic over the Expr's affine access maps (see DES
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .device import Device, MemoryLevel
@@ -57,17 +57,55 @@ def compute_lanes(expr: Expr, device: Device) -> int:
     return device.units.lanes(expr.dtype)
 
 
+def _plain_dim(t: TensorAccess, axis: str) -> int | None:
+    for d, dim in enumerate(t.index):
+        if dim == ((axis, 1),):
+            return d
+    return None
+
+
+def transposes(expr: Expr, axis: str) -> tuple[str, ...] | None:
+    """The inputs a plan vectorizing ``axis`` packs in a transposed layout (its dimension last), so that
+    no tensor gathers; None when some tensor would still gather (the output, or a window dimension).
+    Only a spatial axis transposes (outer-product lanes); a reduced axis needs contiguous data as stored."""
+    out = []
+    for t in expr.tensors:
+        if axis in t.axes and axis not in t.innermost_axes():
+            if t is expr.output or expr.axis(axis).kind == REDUCE or _plain_dim(t, axis) is None:
+                return None
+            out.append(t.name)
+    return tuple(out)
+
+
 def gathers(expr: Expr, axis: str) -> bool:
     """Whether vectorizing ``axis`` gathers: some tensor is indexed by it outside its contiguous
-    dimension, so each of its vectors takes one load per lane."""
-    return any(axis in t.axes and axis not in t.innermost_axes() for t in expr.tensors)
+    dimension and no transposed packed copy can fix that, so each of its vectors takes one load per lane."""
+    return transposes(expr, axis) is None
+
+
+def layout_expr(expr: Expr, axis: str | None) -> Expr:
+    """``expr`` as a plan vectorizing ``axis`` sees it: each input ``transposes`` names becomes its packed
+    copy, with ``axis``'s dimension moved last (``TensorAccess.packed_order``). Idempotent."""
+    names = transposes(expr, axis) if axis is not None else None
+    if not names:
+        return expr
+    inputs = []
+    for t in expr.inputs:
+        if t.name in names and not t.packed_order:
+            d = _plain_dim(t, axis)
+            order = tuple(i for i in range(len(t.shape)) if i != d) + (d,)
+            t = replace(t, shape=tuple(t.shape[i] for i in order), index=tuple(t.index[i] for i in order),
+                        packed_order=order)
+        inputs.append(t)
+    return replace(expr, inputs=tuple(inputs))
 
 
 def vector_candidates(expr: Expr) -> tuple[str, ...]:
     """The axes a plan may vectorize: the axes that index some tensor's contiguous dimension with
-    coefficient 1 and gather from no tensor (lanes load contiguous data, or broadcast one element),
-    most tensor bytes first (ties: spatial, then the output's). Only when every such axis gathers (a
-    transpose) are they all candidates. Construction builds plans for each; the model ranks them."""
+    coefficient 1 and gather from no tensor (lanes load contiguous data, or broadcast one element; an
+    input that would gather along a spatial axis is packed transposed, ``layout_expr``), most tensor
+    bytes first (ties: spatial, then the output's). Only when every such axis gathers (a transpose) are
+    they all candidates. Construction builds plans for each; the model ranks them."""
     weight: dict[str, tuple[int, int, int]] = {}
     for t in expr.tensors:
         for a in t.innermost_axes():
@@ -289,7 +327,8 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
             vector_axis: str | None = None) -> tuple[tuple[str, ...], dict[str, int]]:
     """Inputs worth copying into a contiguous buffer per top tile, and their row padding (elements).
 
-    A tensor is packed when, inside the top tile, the innermost loops walk across its rows (none of the
+    An input in a transposed layout (``layout_expr``) is always packed. Another is packed when, inside the
+    top tile, the innermost loops walk across its rows (none of the
     reduced axes runs along its contiguous dimension), its rows are strided (the top tile covers part of
     the contiguous dimension) and the top tile re-reads it: the copy is paid once and every re-read then
     streams a dense block. The copy's rows are padded when the lower tile reads part of each row and the
@@ -303,10 +342,11 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
     packed, pads = [], {}
     for t in expr.inputs:
         region = t.region(top)
-        if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
-            continue
-        if not rereads(expr, t, top, under):
-            continue
+        if not t.packed_order:  # a transposed layout is always a packed copy
+            if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
+                continue
+            if not rereads(expr, t, top, under):
+                continue
         packed.append(t.name)
         pad = rules.storage_pad_bytes(region[-1] * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
         if pad:

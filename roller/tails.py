@@ -117,7 +117,8 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
 def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...]) -> int:
     """Bytes the padding copies move for the whole operator (read and written): each padded input that is
     packed or a window once per top tile, each other padded input once, whole; a padded output once more
-    (the crop). A packed input's copy without padding is not charged: the model does not credit what
+    (the crop); each input packed in a transposed layout once per top tile. A packed input's copy without
+    padding or transposition is not charged: the model does not credit what
     packing saves either (conflict-free dense rows), and charging one side only ranked packed plans last
     while they ran fastest (matmul 1024^3)."""
     tiles = 1
@@ -125,6 +126,9 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
         tiles *= ceil_div(a.extent, top[a.name])
     total = 0
     for t in expr.inputs:
+        if t.packed_order:  # a transposed copy is the price of its layout: charged, padded or not
+            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+            continue
         if not t.axes & set(padded):
             continue
         if copied_per_tile(t, packed):

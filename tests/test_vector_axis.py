@@ -7,7 +7,7 @@ from roller import ops
 from roller.api import analyze, build_op
 from roller.construct import construct
 from roller.device import load_device
-from roller.rtile import LevelRules, footprint, gathers, vector_candidates
+from roller.rtile import LevelRules, footprint, gathers, layout_expr, transposes, vector_candidates
 from roller.tails import partial_sums
 
 from policy_exprs import conv2d_nhwc, cpu, matmul, reduce_rows
@@ -26,8 +26,23 @@ def test_candidates_skip_axes_that_gather():
     assert gathers(matmul(64, 64, 64), "k") and not gathers(matmul(64, 64, 64), "j")
     # NHWC conv: c is contiguous in the input but strided in the weight [R, S, C, K]
     assert vector_candidates(conv2d_nhwc(1, 28, 28, 64, 32, 3, 3, stride=2)) == ("k",)
-    # a row sum: the reduced axis is contiguous in the input, and the output is not indexed by it
-    assert vector_candidates(reduce_rows(4096, 7)) == ("k",)
+    # a row sum: the reduced axis is contiguous in the input; the rows (spatial) only with A packed
+    # transposed, which the model ranks below for this shape
+    assert vector_candidates(reduce_rows(4096, 7)) == ("k", "i")
+    assert transposes(reduce_rows(4096, 7), "i") == ("A",)
+    assert construct(reduce_rows(4096, 7), DEV, topk=1).programs[0].vector_axis == "k"
+
+
+def test_transposed_layout_makes_a_spatial_axis_contiguous():
+    """matmul nt (B is [N, K]): vectorizing n packs B transposed, so the plan reads B as [K, N]."""
+    e = op_expr("matmul", dict(M=128, N=3072, K=768), layout="nt")
+    assert set(vector_candidates(e)) == {"n", "k"} and transposes(e, "n") == ("B",)
+    laid = layout_expr(e, "n")
+    b = next(t for t in laid.inputs if t.name == "B")
+    assert b.packed_order == (1, 0) and b.shape == (768, 3072) and b.innermost_axes() == ("n",)
+    assert layout_expr(laid, "n") == laid  # idempotent
+    best = construct(e, DEV, topk=1).programs[0]
+    assert best.vector_axis == "n" and best.layouts == {"B": (1, 0)} and "B" in best.packed
 
 
 def test_partial_sums_count_a_vector_per_output_element():
@@ -60,26 +75,27 @@ def test_row_sum_vectorizes_the_reduced_axis_with_partial_sums():
     assert best.vector_axis == "n" and best.partial_sums
 
 
-def test_linear_layer_weight_vectorizes_the_reduction():
-    """matmul nt (B is [N, K]): n would gather from B, so the dot-product lanes run along k."""
+def test_gemv_with_a_linear_layer_weight_vectorizes_the_reduction():
+    """matmul nt at M=1 (B is [N, K]): a transposed copy of B would move as many bytes as the whole
+    GEMV, so the model picks dot-product lanes along k, which read B as stored."""
     e = op_expr("matmul", dict(M=1, N=1000, K=1280), layout="nt")
-    assert vector_candidates(e) == ("k",)
     best = construct(e, DEV, topk=3).programs[0]
     assert best.vector_axis == "k" and best.partial_sums
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("op,shape", [
-    ("batch_matmul", dict(B=2, M=96, N=24, K=40)),
-    ("conv2d", dict(N=1, H=23, W=23, C=40, K=24, R=3, S=3, stride=2)),
-    ("reduce_sum", dict(M=37, N=300)),
-    ("conv2d", dict(N=1, H=19, W=19, C=36, K=36, R=1, S=1)),
+@pytest.mark.parametrize("op,shape,options", [
+    ("batch_matmul", dict(B=2, M=96, N=24, K=40), {}),
+    ("conv2d", dict(N=1, H=23, W=23, C=40, K=24, R=3, S=3, stride=2), {}),
+    ("reduce_sum", dict(M=37, N=300), {}),
+    ("conv2d", dict(N=1, H=19, W=19, C=36, K=36, R=1, S=1), {}),
+    ("matmul", dict(M=40, N=70, K=33), {"layout": "nt"}),
 ])
-def test_chosen_plans_build_and_match_numpy(op, shape):
-    """The model's first plan for each case builds, vectorizes what it planned, and matches numpy."""
-    res = build_op(op, shape, device=load_device("host"), profile=False)
-    assert res.report["verified"]
-    spec = ops.OPS[op]
+def test_chosen_plans_build_and_match_numpy(op, shape, options):
+    """The top plans for each case build, vectorize what they planned, and match numpy."""
+    res = build_op(op, shape, device=load_device("host"), topk=3, **options)
+    assert all(c["verified"] for c in res.report["candidates"])
+    spec = ops.OPS[op].with_options(**options)
     full = ops.validate_shape(op, shape)
     ins = spec.inputs(full, "float32", np.random.default_rng(7))
     ref = spec.reference(ins, full)

@@ -279,23 +279,25 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     pad_of = dict(program.storage_pad)
     for t in expr.inputs:
         producer = _producer_of(sch, block, t.name)
-        if t.name in program.packed and _read_index(sch, block, t.name) is not None:
-            if producer is None and pack_at is not None:
-                cache = sch.cache_read(block, _read_index(sch, block, t.name), "global")
-                sch.compute_at(cache, pack_at)
-                _storage_pad(sch, cache, pad_of.get(t.name, 0))
-                _vectorize_inner(sch, cache, lanes, notes)
+        layout = program.layouts.get(t.name)
+        if producer is None and t.name in program.packed and _read_index(sch, block, t.name) is not None:
+            if pack_at is None and not layout:
+                notes.append(f"{t.name} not packed: the plan has one top tile, no loop to pack under")
                 continue
-        if producer is not None:
-            if t.name in root_copies or pack_at is None:
-                _parallel_root(sch, producer, lanes, notes)
-            elif not _try(notes, f"compute_at of {sch.get(producer).name_hint} per top tile", sch.compute_at,
-                          producer, pack_at):
-                _parallel_root(sch, producer, lanes, notes)
-            else:
-                if t.name in program.packed:
-                    _storage_pad(sch, producer, pad_of.get(t.name, 0))
-                _vectorize_inner(sch, producer, lanes, notes)
+            producer = sch.cache_read(block, _read_index(sch, block, t.name), "global")
+        if producer is None:
+            continue
+        if layout:
+            _transpose(sch, producer, layout)
+        if t.name in root_copies or pack_at is None:
+            _parallel_root(sch, producer, lanes, notes)
+        elif not _try(notes, f"compute_at of {sch.get(producer).name_hint} per top tile", sch.compute_at,
+                      producer, pack_at):
+            _parallel_root(sch, producer, lanes, notes)
+        else:
+            if t.name in program.packed:
+                _storage_pad(sch, producer, pad_of.get(t.name, 0))
+            _vectorize_inner(sch, producer, lanes, notes)
 
     # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
     # is asked to split the last, overhanging iterations of each such axis off the others.
@@ -391,6 +393,16 @@ def _parallel_root(sch, block, lanes: int, notes: list[str]) -> None:
         _try(notes, f"parallel {sch.get(block).name_hint}", sch.parallel, loops[0])
     if len(loops) > 1:
         _vectorize_inner(sch, block, lanes, notes)
+
+
+def _transpose(sch, block, order: tuple[int, ...]) -> None:
+    """The copy ``block`` (at root) writes its buffer with dimensions in ``order`` (the plan's packed
+    layout), iterating in that order too, so the copy writes contiguous rows of the new layout."""
+    import tvm
+
+    index_map = tvm.tirx.IndexMap.from_func(lambda *i: [i[j] for j in order], ndim=len(order))
+    sch.transform_layout(block, ("write", 0), index_map)
+    sch.transform_block_layout(block, index_map)
 
 
 def _storage_pad(sch, block, pad: int) -> None:

@@ -97,7 +97,8 @@ def pad_to_tiles(func, expr: Expr, program: RProgram, lanes: int) -> Padded:
         inputs=inputs, output=output, epilogue=expr.epilogue + tuple(crops))
     new_program = replace(
         program, packed=tuple(renamed.get(n, n) for n in program.packed),
-        storage_pad={renamed.get(n, n): v for n, v in program.storage_pad.items()})
+        storage_pad={renamed.get(n, n): v for n, v in program.storage_pad.items()},
+        layouts={renamed.get(n, n): v for n, v in program.layouts.items()})
     root = frozenset(renamed[t.name] for t in expr.inputs
                      if t.name in renamed and not copied_per_tile(t, program.packed))
     return Padded(func=padded_func, expr=new_expr, program=new_program, extents=extents, root_copies=root)
