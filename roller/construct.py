@@ -21,7 +21,7 @@ from .expr import REDUCE, Expr
 from .model import Estimate, compute_rate, data_source, estimate, rank
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
-                    layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
+                    exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
 from .tails import overhangs, partial_sums, tail_options, tiling_extents
 
@@ -45,7 +45,8 @@ def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: flo
     tile = {}
     for a in expr.axes:
         lower = seed.get(a.name, 1)
-        size = next_aligned(extents[a.name], lower - 1, axis_step(expr, a.name, rules), lower, eps)
+        size = next_aligned(extents[a.name], lower - 1, axis_step(expr, a.name, rules), lower, eps,
+                            exact=a.name in exact_axes(expr))
         if size is None:
             return None
         tile[a.name] = size
@@ -94,6 +95,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     child_rules = LevelRules.of(device, index - 1, expr, vector_axis) if below_tiles else None
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
+    exact = exact_axes(expr)
     contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
     order = {a.name: i for i, a in enumerate(expr.axes)}
 
@@ -108,7 +110,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
             for a in expr.axes:
                 if a.name == frozen:
                     continue
-                nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit)
+                nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
+                                   a.name in exact)
                 if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
                     continue
                 grown = {**tile, a.name: nxt}
@@ -276,7 +279,8 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             limit = max(1, rules.capacity // min(t.elem_bytes for t in ex.tensors))
             tile = {}
             for a in ex.axes:
-                sizes = aligned_sizes(extents[a.name], axis_step(ex, a.name, rules), lower.get(a.name, 1), epsilon, limit)
+                sizes = aligned_sizes(extents[a.name], axis_step(ex, a.name, rules), lower.get(a.name, 1), epsilon,
+                                      limit, a.name in exact_axes(ex))
                 if not sizes:
                     ok = False
                     break

@@ -268,18 +268,26 @@ def size_allowed(extent: int, size: int, lower: int, epsilon: float) -> bool:
     return padding_waste(extent, size) <= epsilon
 
 
+def exact_axes(expr: Expr) -> frozenset[str]:
+    """Axes that index an output dimension together with another axis (a grouped convolution's
+    ``g * K/groups + j``): a tile overhanging one would write into its neighbour's elements, and neither
+    padding (pad_einsum needs plain indices) nor bounds (the accumulator's write-back region spans the
+    combined index) can stop that, so their tiles never overhang."""
+    return frozenset(a for dim in expr.output.index if len(dim) > 1 for a, _ in dim)
+
+
 def next_aligned(extent: int, current: int, step: int, lower: int, epsilon: float,
-                 limit: int | None = None) -> int | None:
+                 limit: int | None = None, exact: bool = False) -> int | None:
     """The next size after ``current`` along an axis under the alignment rules, or None at the end.
 
     A size is a multiple of ``lower`` (the lower level's tile: tiles nest) and of ``step`` (alignment),
     and may overhang the extent only while the padding waste stays within ``epsilon`` (``axis_epsilon``). The full extent
     is allowed when it nests, aligned or not: it covers the whole dimension. Sizes past the first one
-    that covers the extent, or past ``limit``, are never returned.
+    that covers the extent, or past ``limit``, are never returned. With ``exact`` no size overhangs.
     """
     if current >= extent:
         return None
-    epsilon = axis_epsilon(extent, epsilon)
+    epsilon = 0.0 if exact else axis_epsilon(extent, epsilon)
     unit = math.lcm(step, lower)
     s = (current // unit + 1) * unit
     top = extent if limit is None else min(limit, extent)
@@ -299,10 +307,11 @@ def next_aligned(extent: int, current: int, step: int, lower: int, epsilon: floa
     return min(candidates) if candidates else None
 
 
-def aligned_sizes(extent: int, step: int, lower: int, epsilon: float, limit: int | None = None) -> list[int]:
+def aligned_sizes(extent: int, step: int, lower: int, epsilon: float, limit: int | None = None,
+                  exact: bool = False) -> list[int]:
     """Every size ``next_aligned`` would step through, ascending (for tests and reports)."""
     out, cur = [], 0
-    while (cur := next_aligned(extent, cur, step, lower, epsilon, limit)) is not None:
+    while (cur := next_aligned(extent, cur, step, lower, epsilon, limit, exact)) is not None:
         out.append(cur)
     return out
 

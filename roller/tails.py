@@ -20,14 +20,15 @@ import math
 from typing import Mapping, Sequence
 
 from .expr import REDUCE, Expr, TensorAccess
-from .rtile import ceil_div, clamp_tiles, round_up
+from .rtile import ceil_div, clamp_tiles, exact_axes, round_up
 
 
 def tiling_extents(expr: Expr, vector_axis: str | None, lanes: int) -> dict[str, int]:
     """The extent each axis is tiled over: the vector axis rounded up to whole vectors when it is at
-    least one vector long, every other axis its own extent."""
+    least one vector long (and may overhang, ``rtile.exact_axes``), every other axis its own extent."""
     out = {a.name: a.extent for a in expr.axes}
-    if vector_axis is not None and lanes > 1 and out[vector_axis] >= lanes:
+    if (vector_axis is not None and lanes > 1 and out[vector_axis] >= lanes
+            and vector_axis not in exact_axes(expr)):
         out[vector_axis] = round_up(out[vector_axis], lanes)
     return out
 
@@ -42,8 +43,8 @@ def streams_input(expr: Expr) -> bool:
 def can_pad(expr: Expr, axis: str) -> bool:
     """Whether zero padding along ``axis`` is possible and leaves the result unchanged (module docstring)."""
     a = expr.axis(axis)
-    if len(a.parts) > 1 or streams_input(expr):
-        return False
+    if len(a.parts) > 1 or streams_input(expr) or is_window(expr.output):
+        return False  # is_window(output): pad_einsum needs the output written at plain indices
     return a.kind != REDUCE or axis in expr.zero_pad_axes
 
 

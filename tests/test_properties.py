@@ -51,59 +51,11 @@ class KnownFailure:
     minimal: tuple[str, dict, dict, str]
 
 
-KNOWN_FAILURES: list[KnownFailure] = [
-    KnownFailure(
-        "conv2d with groups > 1 whose plan predicates its vector axis j (the output channel within a group, "
-        "K / groups not whole vectors): wrong results in the channels past the first vector of each group "
-        "(garbage values such as 1.97e+34: the tail of the (g, j) -> k output layout); roller/codegen or "
-        "roller/ops.py's grouped layout",
-        lambda *case: grouped_conv_vector_tail(*case) == "predicated",
-        ("conv2d", {"N": 1, "H": 1, "W": 1, "C": 2, "K": 34, "R": 1, "S": 1, "groups": 2}, {}, "float32")),
-    KnownFailure(
-        "conv2d with groups > 1 whose plan pads its vector axis j (K / groups = 36 tiled as 48): the build "
-        "fails (BuildError: TVM cannot pad axes ['j'] of block 'conv': not a computation of Einsum pattern): "
-        "roller.tails.can_pad allows an axis pad_einsum rejects in the grouped block; roller/tails.py or "
-        "roller/codegen/padding.py",
-        lambda *case: grouped_conv_vector_tail(*case) == "padded",
-        ("conv2d", {"N": 1, "H": 1, "W": 1, "C": 2, "K": 72, "R": 1, "S": 1, "groups": 2}, {}, "float32")),
-    KnownFailure(
-        "a predicated register tile in a fused parallel grid: the reg loop is unrolled with "
-        "pragma_loop_partition_hint, the grid loop fuses b and m (b_m_0_fused % 7 * 14 + m_1 < 97), TVM's "
-        "loop partition cannot prove the last tile's extent constant and unrolling fails (InternalError: "
-        "Cannot unroll non-constant loop); roller/codegen/cpu.py. The trigger is inferred from this case "
-        "and from passing ones with a single tile along the predicated axis",
-        lambda *case: unrolled_tail_in_fused_grid(*case),
-        ("batch_matmul", {"B": 3, "M": 97, "N": 3, "K": 97}, {}, "float32")),
-]
-
-
-def top1_plan(op: str, shape: dict, options: dict, dtype: str):
-    """The model's first plan for the case (policy only, nothing built)."""
-    spec = ops.OPS[op].with_options(**options) if options else ops.OPS[op]
-    return roller.construct(spec.make(shape, dtype), topk=1).programs[0]
-
-
-def grouped_conv_vector_tail(op: str, shape: dict, options: dict, dtype: str) -> str | None:
-    """How the top-1 plan of a conv2d with groups > 1 covers an overhang of its vector axis:
-    "predicated", "padded", or None (no overhang, or not a grouped conv2d)."""
-    if op != "conv2d" or shape.get("groups", 1) == 1:
-        return None
-    plan = top1_plan(op, shape, options, dtype)
-    if plan.vector_axis in plan.predicated:
-        return "predicated"
-    return "padded" if plan.vector_axis in plan.padded else None
-
-
-def unrolled_tail_in_fused_grid(op: str, shape: dict, options: dict, dtype: str) -> bool:
-    """The top-1 plan predicates an axis (not the vector axis) whose register tile (> 1, unrolled) leaves
-    a partial last tile, and whose grid loop (> 1 tile) is fused below another grid axis of > 1 tile."""
-    plan = top1_plan(op, shape, options, dtype)
-    grid = [(a, n) for a, n in plan.grid.items()]
-    for i, (a, n) in enumerate(grid):
-        if (a in plan.predicated and a != plan.vector_axis and plan.tiles[0][a] > 1 and n > 1
-                and any(m > 1 for _, m in grid[:i])):
-            return True
-    return False
+# Bugs these properties found and that were fixed (keep the cases as regressions in test_vector_axis.py):
+# grouped conv2d writing past a group when its vector axis overhung (fixed by rtile.exact_axes), the same
+# failing to pad (tails.can_pad: the output must be written at plain indices), and a predicated unrolled
+# register loop in a fused grid (codegen no longer partitions register loops).
+KNOWN_FAILURES: list[KnownFailure] = []
 
 
 def known_bug(op: str, shape: dict, options: dict, dtype: str) -> str | None:

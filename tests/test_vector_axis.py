@@ -7,7 +7,7 @@ from roller import ops
 from roller.api import analyze, build_op
 from roller.construct import construct
 from roller.device import load_device
-from roller.rtile import LevelRules, footprint, gathers, layout_expr, transposes, vector_candidates
+from roller.rtile import LevelRules, exact_axes, footprint, gathers, layout_expr, transposes, vector_candidates
 from roller.tails import partial_sums
 
 from policy_exprs import conv2d_nhwc, cpu, matmul, reduce_rows
@@ -106,3 +106,23 @@ def test_chosen_plans_build_and_match_numpy(op, shape, options):
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
     assert res.program.vector_axis in vector_candidates(res.expr)
     assert not res.report["candidates"][res.report["chosen"]]["notes"]
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("op,shape", [
+    # found by test_properties: a grouped conv's vector axis j overhanging its group (wrong results, then
+    # a refused pad), and a predicated, unrolled register loop under a fused grid loop (build failure)
+    ("conv2d", dict(N=1, H=1, W=1, C=2, K=34, R=1, S=1, groups=2)),
+    ("conv2d", dict(N=1, H=1, W=1, C=2, K=72, R=1, S=1, groups=2)),
+    ("batch_matmul", dict(B=3, M=97, N=3, K=97)),
+])
+def test_regressions_from_the_property_tests(op, shape):
+    res = build_op(op, shape, device=load_device("host"), topk=4)
+    assert all(c["verified"] for c in res.report["candidates"]), res.report["candidates"]
+
+
+def test_grouped_output_axes_never_overhang():
+    e = op_expr("conv2d", dict(N=1, H=5, W=5, C=4, K=68, R=1, S=1, groups=2))
+    assert exact_axes(e) == {"g", "j"}
+    for p in construct(e, DEV, topk=10).programs:
+        assert not set(p.padded + p.predicated) & {"g", "j"}

@@ -303,9 +303,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     # is asked to split the last, overhanging iterations of each such axis off the others.
     for a in axes:
         if a.name in program.predicated:
+            # not the register loops: unrolled, they must keep constant extents (a partitioned tail in a
+            # fused grid loop would not be), and a bound on a non-vector axis there costs a branch only
             loops = ([grid] if a.kind != REDUCE else [a.grid]) + a.levels[1:]
-            if a is not vec:
-                loops.append(a.levels[0])
             for lp in loops:
                 if lp is not None:
                     sch.annotate(lp, "pragma_loop_partition_hint", 1)
