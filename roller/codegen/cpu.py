@@ -11,15 +11,16 @@ accumulator of one reg tile stays in vector registers across the innermost reduc
 is accumulated in a tile buffer (``cache_write``) attached above the first reduce loop that iterates
 more than once: the reg tile itself when one L1 pass covers the reduction, the top tile otherwise.
 Packed inputs are copied per top tile (per grid tile and reduce top tile) into a compact buffer whose
-rows are padded by ``storage_pad``. Tiles that overhang an axis extent give predicated iterations;
-tile sizes larger than an extent are clamped to it first, so small shapes waste nothing.
+rows are padded by ``storage_pad``, in the plan's layout (``RProgram.layouts``: transposed copies).
+Tile sizes larger than an extent are clamped to it first (the vector axis to whole vectors), so small
+shapes waste nothing; tiles that still overhang were padded before (``padding.py``) or, where the plan
+predicates them, get bounds whose last iterations lowering splits off (loop-partition hints).
 
 When the vector axis is a reduce axis (a row sum's n, a GEMV's k), its reg loop is split so that one
 vector of lanes is innermost and ``rfactor``-ed: the partial sums become a local buffer with the lanes as
 a spatial axis (one vector accumulator per output element of the reg tile), updated with vector adds;
-the cross-lane sum runs in the write-back, once per accumulator tile. Reg tiles narrower than a vector,
-with nothing else to reduce over, or with more accumulators than the register file holds keep the scalar
-path (see ``_rfactor_applies`` and the register check in ``schedule_cpu``).
+the cross-lane sum runs in the write-back, once per accumulator tile. The plan decides
+(``RProgram.partial_sums``, from ``roller.tails.partial_sums``); other plans keep the scalar reduction.
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 from ..device import Device
-from ..dtypes import dtype_bytes
 from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
@@ -338,21 +338,6 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         # the write-back's own loops start below the accumulator's loop: its init goes above them all
         sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0])
     return sch
-
-
-def _rfactor_applies(rvec: _AxisLoops, reduce: list[_AxisLoops], lanes: int) -> bool:
-    """Whether the reg loop of the reduce vector axis can give whole vectors of partial sums.
-
-    It needs a reg tile that is a multiple of the vector (narrower tiles, e.g. a clamped N < lanes, stay
-    scalar) and some other reduce loop to accumulate across (else the lanes would hold single products).
-    Overhanging tiles are fine: the first reg tile along the axis is always inside the extent (sizes
-    are clamped to it), so every lane's accumulator is initialised, and later lanes are predicated.
-    """
-    reg = rvec.sizes[0]
-    if rvec.levels[0] is None or reg % lanes:
-        return False
-    others = [lp for a in reduce for lp in [a.grid] + a.levels[(1 if a is rvec else 0):] if lp is not None]
-    return reg > lanes or bool(others)
 
 
 def _try_rfactor(sch, lane, factor_axis: int):
