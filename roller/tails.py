@@ -116,8 +116,9 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
 
 
 def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...]) -> int:
-    """Bytes the padding copies move for the whole operator (read and written): each padded input that is
-    packed or a window once per top tile, each other padded input once, whole; a padded output once more
+    """Bytes the padding copies move for the whole operator (read and written): each padded window once
+    per top tile, re-indexed (an element per point of its axes: R x S times the window for a convolution),
+    each padded input that is packed once per top tile, each other padded input once, whole; a padded output once more
     (the crop); each input packed in a transposed layout once per top tile. A packed input's copy without
     padding or transposition is not charged: the model does not credit what
     packing saves either (conflict-free dense rows), and charging one side only ranked packed plans last
@@ -132,7 +133,9 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
             continue
         if not t.axes & set(padded):
             continue
-        if copied_per_tile(t, packed):
+        if is_window(t):  # re-indexed before padding: the copy holds one element per point of its axes
+            total += 2 * math.prod(min(top[a], expr.axis(a).extent) for a in t.axes) * t.elem_bytes * tiles
+        elif copied_per_tile(t, packed):
             total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
         else:
             total += 2 * math.prod(t.shape) * t.elem_bytes
