@@ -9,7 +9,7 @@ from roller.construct import EPSILON_STEPS, construct
 from roller.expr import fuse_axes
 from roller.model import TIE, estimate, tile_overhead
 from roller.rprogram import RProgram
-from roller.rtile import LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, tile_counts
+from roller.rtile import ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, tile_counts
 from roller.tails import tiling_extents
 
 DEV = cpu()
@@ -23,7 +23,7 @@ def alignment_problems(expr, prog: RProgram, dev=DEV) -> list[tuple]:
     multiple of the level's alignment step (rtile.axis_step: SIMD lanes on the vector axis at level 0,
     cache lines along contiguous axes above) whose padding waste over the tiled extent is at most the
     plan's epsilon (rtile.next_aligned: a tile may overhang, or leave a ragged last tile, only that much;
-    rtile.axis_epsilon raises the bound to ODD_EXTENT_EPSILON along extents with no small divisor).
+    rtile.axis_epsilon raises the bound along extents with no small divisor or no aligned divisor).
     """
     lanes = compute_lanes(expr, dev)
     extents = tiling_extents(expr, prog.vector_axis, lanes)
@@ -34,7 +34,8 @@ def alignment_problems(expr, prog: RProgram, dev=DEV) -> list[tuple]:
             size, step = tile[a.name], axis_step(expr, a.name, rules)
             if size in (a.extent, extents[a.name]):
                 continue
-            eps = axis_epsilon(extents[a.name], prog.epsilon)
+            lower = prog.tiles[i - 1][a.name] if i else 1
+            eps = axis_epsilon(extents[a.name], prog.epsilon, math.lcm(step, lower))
             if size % step or padding_waste(extents[a.name], size) > eps + 1e-12:
                 bad.append((prog.levels[i], a.name, size, step))
     return bad
@@ -133,11 +134,13 @@ def test_irregular_and_memory_bound_plans_are_aligned(expr):
 
 
 def test_epsilon_grows_only_when_too_few_plans():
-    # 1018 = 2 x 509: no aligned size divides it, and (unlike a prime such as 1021, where rtile.axis_epsilon
-    # always allows ODD_EXTENT_EPSILON) its bound starts at epsilon 0
-    c = construct(matmul(1018, 1018, 1018), DEV, topk=4)
+    # 1018 = 2 x 509: no size in whole cache lines divides it, so along a line-aligned axis
+    # rtile.axis_epsilon allows UNALIGNED_EXTENT_EPSILON, and a prime such as 1021 ODD_EXTENT_EPSILON, at
+    # any epsilon; elsewhere the bound starts at 0 and grows only when too few plans exist
+    assert axis_epsilon(1021, 0.0) == ODD_EXTENT_EPSILON and axis_epsilon(1018, 0.0) == 0.0
+    assert axis_epsilon(1018, 0.0, 16) == UNALIGNED_EXTENT_EPSILON and axis_epsilon(1024, 0.0, 16) == 0.0
+    c = construct(matmul(1018, 1018, 1018), DEV, topk=200)
     assert c.epsilon > 0 and c.epsilon in EPSILON_STEPS
-    assert axis_epsilon(1021, 0.0) > 0 and axis_epsilon(1018, 0.0) == 0.0
     assert construct(matmul(512, 512, 512), DEV, topk=4).epsilon == 0.0
 
 
