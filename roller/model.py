@@ -12,7 +12,8 @@ fills it from the level below divided by that level's bandwidth per unit (a shar
 split between the active units), plus a fixed overhead per top tile. The plan costs W times that.
 
 Beyond the paper's terms the model charges what the generated code does (``roller.tails``): flops of
-whole vectors (padding included), the copies of padded plans as traffic through the top level,
+whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
+the top level,
 predicated vector loops at scalar speed, a register tile with too few accumulators below peak, and a
 reduction that cannot keep vector partial sums at scalar speed.
 """
@@ -123,8 +124,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``, that vectorizes
     ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
     the last of ``roller.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
-    the generated code does: whole vectors (padded flops), copies (packing, padding, the crop) as traffic
-    through the top level, and predicated vector loops at scalar speed."""
+    the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
+    ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed."""
     levels = device.private_levels
     if len(tiles) != len(levels):
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")

@@ -20,7 +20,7 @@ import math
 from typing import Mapping, Sequence
 
 from .expr import REDUCE, Expr, TensorAccess
-from .rtile import ceil_div, clamp_tiles, exact_axes, round_up
+from .rtile import ceil_div, clamp_tiles, exact_axes, round_up, tile_counts
 
 
 def tiling_extents(expr: Expr, vector_axis: str | None, lanes: int) -> dict[str, int]:
@@ -116,24 +116,25 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
 
 
 def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...]) -> int:
-    """Bytes the padding copies move for the whole operator (read and written): each padded window once
-    per top tile, re-indexed (an element per point of its axes: R x S times the window for a convolution),
-    each padded input that is packed once per top tile, each other padded input once, whole; a padded output once more
-    (the crop); each input packed in a transposed layout once per top tile. A packed input's copy without
-    padding or transposition is not charged: the model does not credit what
-    packing saves either (conflict-free dense rows), and charging one side only ranked packed plans last
-    while they ran fastest (matmul 1024^3)."""
-    tiles = 1
-    for a in expr.axes:
-        tiles *= ceil_div(a.extent, top[a.name])
+    """Bytes the plan's copies move for the whole operator (read and written once each):
+
+    - an input packed in a transposed layout: its region, once per top tile (padded or not);
+    - a padded window: re-indexed first, so one element per point of its axes (R x S times the window
+      for a convolution), once per top tile;
+    - another padded input: once per top tile when packed, else once, whole, at root;
+    - a padded output: once more (the crop).
+
+    A packed input's plain copy (no padding, no transposition) is not charged: the model does not credit
+    what packing saves either (conflict-free dense rows), and charging one side only ranked packed plans
+    last while they ran fastest (matmul 1024^3)."""
+    tiles = tile_counts(expr, top)[0]
     total = 0
     for t in expr.inputs:
-        if t.packed_order:  # a transposed copy is the price of its layout: charged, padded or not
+        if t.packed_order:
             total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+        elif not t.axes & set(padded):
             continue
-        if not t.axes & set(padded):
-            continue
-        if is_window(t):  # re-indexed before padding: the copy holds one element per point of its axes
+        elif is_window(t):
             total += 2 * math.prod(min(top[a], expr.axis(a).extent) for a in t.axes) * t.elem_bytes * tiles
         elif copied_per_tile(t, packed):
             total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
