@@ -180,6 +180,12 @@ class Row:
     level: str = ""
     level_gbps: float | None = None
     peak_gflops: float | None = None
+    predicted: float | None = None   # the model's prediction for the top-K's chosen plan
+
+    @property
+    def over_model(self) -> float | None:
+        """The chosen kernel's measured time over the model's prediction for it."""
+        return self.topk / self.predicted if self.topk and self.predicted else None
 
     @property
     def best_peer(self) -> tuple[str, float] | None:
@@ -244,6 +250,7 @@ def run_case(case: Case, device, args) -> Row:
             n for n, ok in (("top-1", ok1), (f"top-{args.topk}", okk)) if not ok) + " wrong"
     row.build1, row.buildk = res1.report["build_seconds"], resk.report["build_seconds"]
     row.chosen = resk.report["chosen"]
+    row.predicted = resk.report["candidates"][row.chosen]["predicted_seconds"]
     row.flops = spec.flops(full)
     row.nbytes = sum(a.nbytes for a in arrays) + reference.nbytes
     source = data_source(resk.expr, device)
@@ -293,14 +300,14 @@ def throughput(row: Row) -> str:
 
 def markdown(rows: list[Row], topk: int, peer_names: list[str]) -> str:
     head = (["case", "op", "shape", "roller top-1", f"roller top-{topk}", *peer_names, "ratio", f"top-1/top-{topk}",
-             f"roller top-{topk} throughput", "build s (top-1 / top-k)", "verified", "notes"])
+             f"roller top-{topk} throughput", "measured/model", "build s (top-1 / top-k)", "verified", "notes"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         c = r.case
         shape = c.shape_text + (f" {c.options_text}" if c.options else "")
         notes = "; ".join(([] if r.status == "ok" else [r.status]) + r.peer_notes)
         cells = [c.name, c.op, shape, _t(r.top1), _t(r.topk), *(_t(r.peers.get(p)) for p in peer_names),
-                 _f(r.ratio), _f(r.top1_over_topk), throughput(r),
+                 _f(r.ratio), _f(r.top1_over_topk), throughput(r), _f(r.over_model),
                  f"{_f(r.build1, '{:.1f}')} / {_f(r.buildk, '{:.1f}')}" if r.buildk else "-",
                  "-" if r.status.startswith("skipped") else ("yes" if r.verified else "NO"), notes]
         lines.append("| " + " | ".join(cells) + " |")
@@ -310,7 +317,7 @@ def markdown(rows: list[Row], topk: int, peer_names: list[str]) -> str:
 CSV_FIELDS = ["case", "network", "op", "shape", "options", "status", "verified", "top1_seconds", "topk_seconds",
               "numpy_seconds", "torch_seconds", "best_peer", "ratio", "top1_over_topk", "gflops", "gbps",
               "memory_bound", "data_level", "level_gbps", "build_top1_seconds", "build_topk_seconds", "chosen",
-              "notes"]
+              "predicted_seconds", "measured_over_model", "notes"]
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -327,6 +334,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
                 "top1_over_topk": r.top1_over_topk, "gflops": r.gflops(r.topk), "gbps": r.gbps(r.topk),
                 "memory_bound": r.memory_bound, "data_level": r.level, "level_gbps": r.level_gbps,
                 "build_top1_seconds": r.build1, "build_topk_seconds": r.buildk, "chosen": r.chosen,
+                "predicted_seconds": r.predicted, "measured_over_model": r.over_model,
                 "notes": "; ".join(r.peer_notes)})
 
 
@@ -339,6 +347,7 @@ def summary(rows: list[Row], topk: int) -> str:
     ratios = [(r.ratio, r.case.name) for r in built if r.ratio is not None]
     builds = [(r.buildk, r.case.name) for r in rows if r.buildk is not None]
     t1k = [r.top1_over_topk for r in built if r.top1_over_topk is not None]
+    om = [(r.over_model, r.case.name) for r in built if r.over_model is not None]
     parts = [f"cases {len(rows)} ({len(built)} run, {skipped} skipped, {failed} failed)",
              f"verified {sum(r.verified for r in rows)}/{len(rows) - skipped}"]
     if ratios:
@@ -353,6 +362,10 @@ def summary(rows: list[Row], topk: int) -> str:
                      f"max {most[0]:.1f} ({most[1]})")
     if t1k:
         parts.append(f"top-1/top-{topk} median {statistics.median(t1k):.2f}")
+    if om:  # the target: every chosen kernel within 2x of the model's prediction (either way)
+        off = max(om, key=lambda x: max(x[0], 1 / x[0]))
+        within = sum(0.5 <= x <= 2 for x, _ in om)
+        parts.append(f"measured/model within 2x {within}/{len(om)} (furthest {off[0]:.2f}, {off[1]})")
     return "summary: " + ", ".join(parts)
 
 
