@@ -313,6 +313,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # fused grid loop would not be), and a bound on a non-vector axis there costs a branch only
             loops = ([held if a.grid is held and held is not None else grid] if a.kind != REDUCE
                      else [a.grid]) + a.levels[1:]
+            if a is rvec:  # the lanes of partial sums: its register loop's overhanging vectors split off too
+                loops.append(a.levels[0])
             for lp in loops:
                 if lp is not None:
                     sch.annotate(lp, "pragma_loop_partition_hint", 1)
@@ -332,12 +334,6 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         sch.parallel(grid)
     if lane is not None:
         sch.vectorize(lane)
-        if any(extents[rvec.name] % size for size in rvec.sizes):
-            # An overhanging tile predicates every lane, and TVM scalarizes a predicated vector loop:
-            # ask lowering to split the predicated last iterations off, so the others stay vectors.
-            for lp in [rvec.grid] + rvec.levels:
-                if lp is not None:
-                    sch.annotate(lp, "pragma_loop_partition_hint", 1)
     if reduce:
         # the init goes right below the accumulator: annotate loops first, decompose last
         sch.decompose_reduction(block, order[first_reduce])
