@@ -304,14 +304,18 @@ def _classify_rest(sch, blocks: dict, main_name: str, ctx: str) -> tuple[tuple[s
 # ---------------------------------------------------------------------------------------------
 # Axes, accesses, flops
 
+def axis_base_name(var_name: str) -> str:
+    """The axis name an iter var gives: its name without the ``v_`` prefix TE puts on iter vars."""
+    return var_name[2:] if var_name.startswith("v_") and len(var_name) > 2 else var_name
+
+
 def _axes(block) -> tuple[tuple[Axis, ...], dict]:
     """The block's iter vars as Axes (``v_`` prefix dropped, duplicates suffixed); var -> axis name map."""
     from tvm import tirx
 
     axes, var_axis, used = [], {}, set()
     for iv in block.iter_vars:
-        base = str(iv.var.name)
-        base = base[2:] if base.startswith("v_") and len(base) > 2 else base
+        base = axis_base_name(str(iv.var.name))
         name, n = base, 1
         while name in used:
             name, n = f"{base}_{n}", n + 1

@@ -158,7 +158,7 @@ class Expr:
 # ---------------------------------------------------------------------------------------------
 # Axis fusion (the paper's pass for irregular shapes): [17, 11, 3] -> [561].
 
-def _dim_of(t: TensorAccess, axis: str, ones: frozenset[str] = frozenset()) -> int | None:
+def plain_dim(t: TensorAccess, axis: str, ones: frozenset[str] = frozenset()) -> int | None:
     """The dimension indexed by exactly ``axis`` with coefficient 1 (besides axes of extent 1, ``ones``,
     which are always 0: a 1x1 convolution's ``h + r``), or None."""
     for d, dim in enumerate(t.index):
@@ -186,7 +186,7 @@ def _can_fuse(expr: Expr, outer: Axis, inner: Axis) -> bool:
         if has_o != has_i:
             return False
         ones = _ones(expr)
-        do, di = _dim_of(t, outer.name, ones), _dim_of(t, inner.name, ones)
+        do, di = plain_dim(t, outer.name, ones), plain_dim(t, inner.name, ones)
         if do is None or di is None or di != do + 1 or t.shape[di] != inner.extent or t.shape[do] != outer.extent:
             return False
     return True
@@ -198,7 +198,7 @@ def _fuse_pair(expr: Expr, outer: Axis, inner: Axis) -> Expr:
     def fuse_tensor(t: TensorAccess) -> TensorAccess:
         if outer.name not in t.axes:
             return t
-        d = _dim_of(t, outer.name, _ones(expr))
+        d = plain_dim(t, outer.name, _ones(expr))
         shape = t.shape[:d] + (t.shape[d] * t.shape[d + 1],) + t.shape[d + 2:]
         index = t.index[:d] + (((fused.name, 1),),) + t.index[d + 2:]
         return replace(t, shape=shape, index=index)

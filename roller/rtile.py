@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .device import Device, MemoryLevel
-from .expr import REDUCE, Expr, TensorAccess
+from .expr import REDUCE, Expr, TensorAccess, plain_dim
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -57,13 +57,6 @@ def compute_lanes(expr: Expr, device: Device) -> int:
     return device.units.lanes(expr.dtype)
 
 
-def _plain_dim(t: TensorAccess, axis: str) -> int | None:
-    for d, dim in enumerate(t.index):
-        if dim == ((axis, 1),):
-            return d
-    return None
-
-
 def transposes(expr: Expr, axis: str) -> tuple[str, ...] | None:
     """The inputs a plan vectorizing ``axis`` packs in a transposed layout (its dimension last), so that
     no tensor gathers; None when some tensor would still gather (the output, or a window dimension).
@@ -71,7 +64,7 @@ def transposes(expr: Expr, axis: str) -> tuple[str, ...] | None:
     out = []
     for t in expr.tensors:
         if axis in t.axes and axis not in t.innermost_axes():
-            if t is expr.output or expr.axis(axis).kind == REDUCE or _plain_dim(t, axis) is None:
+            if t is expr.output or expr.axis(axis).kind == REDUCE or plain_dim(t, axis) is None:
                 return None
             out.append(t.name)
     return tuple(out)
@@ -92,7 +85,7 @@ def layout_expr(expr: Expr, axis: str | None) -> Expr:
     inputs = []
     for t in expr.inputs:
         if t.name in names and not t.packed_order:
-            d = _plain_dim(t, axis)
+            d = plain_dim(t, axis)
             order = tuple(i for i in range(len(t.shape)) if i != d) + (d,)
             t = replace(t, shape=tuple(t.shape[i] for i in order), index=tuple(t.index[i] for i in order),
                         packed_order=order)
@@ -138,8 +131,7 @@ class LevelRules:
         """The rules of private level ``index`` for plans vectorizing ``vector_axis`` (default: the first
         candidate)."""
         if vector_axis is None:
-            cands = vector_candidates(expr)
-            vector_axis = cands[0] if cands else None
+            vector_axis = expr.vector_axis
         reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
         return cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
                    expr.output.name if reduced else None)

@@ -18,7 +18,7 @@ from ..expr import Expr, TensorAccess
 from ..rprogram import RProgram
 from ..rtile import round_up
 from ..tails import clamped_top, copied_per_tile
-from ..analysis import zero_padding_is_neutral
+from ..analysis import axis_base_name, zero_padding_is_neutral
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,7 @@ def _iter_var_axes(expr: Expr, block) -> dict[str, str]:
     out = {}
     for iv in block.iter_vars:
         name = str(iv.var.name)
-        base = name[2:] if name.startswith("v_") else name
-        axis = part_axis.get(name, part_axis.get(base))
+        axis = part_axis.get(name, part_axis.get(axis_base_name(name)))
         if axis is None:
             raise BuildError(f"{expr.name}: block {expr.block!r} iter var {name} matches no axis of the Expr")
         out[name] = axis
@@ -123,10 +122,8 @@ def _reindex_windows(sch, block) -> list[str]:
     names of the re-index blocks."""
     from tvm import tirx
 
-    main = sch.get(block)
     out = []
-    n_reads = len(main.reads)
-    for i in range(n_reads):
+    for i in range(len(sch.get(block).reads)):
         region = sch.get(block).reads[i]
         if all(isinstance(r.min, tirx.Var) for r in region.region):
             continue
