@@ -116,8 +116,9 @@ class LevelRules:
     ``index`` is the level's position (0 = nearest compute). At level 0 the minimum schedulable unit
     applies (``lanes`` along the plan's ``vector_axis``) and regions are counted in elements; above it
     every tensor row is rounded to the transaction length and padded against bank / cache-set conflicts.
-    When the vector axis is reduced (a row sum's, a dot product's), each output element of the register
-    tile holds a whole vector of partial sums (``partial_sums`` names the output): lanes times its bytes.
+    When the vector axis is reduced (a row sum's, a dot product's), each output element holds a whole
+    vector of partial sums (``partial_sums`` names the output) at every level, lanes times its bytes: the
+    code keeps them in a buffer of their own over the top tile and sums the lanes once, at its end.
     """
 
     index: int
@@ -153,6 +154,8 @@ class LevelRules:
                 return raw * self.lanes if t.name == self.partial_sums else raw
             if self.vector_axis not in t.innermost_axes():
                 return inner * self.level.transaction_bytes
+        if t.name == self.partial_sums:
+            raw *= self.lanes  # the partial sums live in their own buffer across the tile's reduction
         return round_up(raw, self.level.transaction_bytes)
 
     def storage_pad_bytes(self, row_bytes: int) -> int:

@@ -143,3 +143,8 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     if padded:
         total += 2 * math.prod(expr.output.shape) * expr.output.elem_bytes
     return total
+
+
+def transposed_elements(expr: Expr, top: Mapping[str, int]) -> int:
+    """Elements one top tile copies into transposed packs (inputs the plan stores in another layout)."""
+    return sum(math.prod(t.region(top)) for t in expr.inputs if t.packed_order)
