@@ -44,13 +44,21 @@ class Estimate:
     units: int = 1
     waves: int = 1
 
+DEFAULT_CLOCK_GHZ = 2.0  # for a spec without clock_ghz
+
+
+def cycle_seconds(device: Device) -> float:
+    """Seconds one cycle of a compute unit takes (the spec's clock)."""
+    return 1.0 / ((device.units.clock_ghz or DEFAULT_CLOCK_GHZ) * 1e9)
+
+
 TILE_OVERHEAD_CYCLES = 20  # fixed cost of one top tile (loop-nest set-up, the pipeline's ramp at its edges)
 
 
 def tile_overhead(device: Device) -> float:
     """Seconds one top tile costs beyond its compute and traffic: nothing for the model's ranking of big
     tiles, but it stops a memory-bound operator from tying with a plan of one-vector tiles."""
-    return TILE_OVERHEAD_CYCLES / ((device.units.clock_ghz or 2.0) * 1e9)
+    return TILE_OVERHEAD_CYCLES * cycle_seconds(device)
 
 
 # Cycles one element of a transposed pack costs (tails.transposed_elements): the copy reads its source in
@@ -63,7 +71,7 @@ TRANSPOSE_CYCLES = 3.0
 def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> float:
     """Seconds the transposed packs of one top tile (one step of its reduction) take, serial with its
     compute."""
-    return transposed_elements(expr, top) * TRANSPOSE_CYCLES / ((device.units.clock_ghz or 2.0) * 1e9)
+    return transposed_elements(expr, top) * TRANSPOSE_CYCLES * cycle_seconds(device)
 
 
 # Cycles per lane of partial sums folded into its output (a reduced vector axis): the write-back adds the
@@ -80,7 +88,7 @@ def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], dev
                                                                                           lanes):
         return 0.0
     outputs = math.prod(expr.output.region(top))
-    return outputs * lanes * FOLD_CYCLES / ((device.units.clock_ghz or 2.0) * 1e9)
+    return outputs * lanes * FOLD_CYCLES * cycle_seconds(device)
 
 
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise

@@ -238,10 +238,22 @@ def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
     if rules.index == 0:
         return rules.lanes if axis == rules.vector_axis else 1
     step = 1
-    for t in expr.tensors:
+    for t in aligning_tensors(expr):
         if axis in t.innermost_axes():
             step = math.lcm(step, max(1, rules.level.transaction_bytes // t.elem_bytes))
     return step
+
+
+ALIGN_SHARE = 1 / 16  # a tensor holding less of the operator's bytes than this does not set alignment
+
+
+def aligning_tensors(expr: Expr) -> list[TensorAccess]:
+    """The tensors whose rows set the transaction alignment above level 0: all but those holding less than
+    ALIGN_SHARE of the operator's bytes. A misaligned tile row costs at most one transaction more, which is
+    nothing for a tiny tensor (a row sum's output: 100 sums beside 100 x 3001 inputs), while aligning to it
+    forbade splitting its 100 rows over 2 cores (tiles of 16 or all 100: the plan ran on one core)."""
+    sizes = [math.prod(t.shape) * t.elem_bytes for t in expr.tensors]
+    return [t for t, b in zip(expr.tensors, sizes) if b >= ALIGN_SHARE * sum(sizes)]
 
 
 ODD_EXTENT_EPSILON = 0.02  # padding waste always allowed along an extent with no divisor from 2 to 16
