@@ -18,6 +18,7 @@ from .construct import Construction, construct as _construct
 from .device import Device, load_device
 from .errors import BuildError
 from .expr import Expr, fuse_axes
+from .profile import BUILD_BUDGET_SECONDS
 from .rprogram import RProgram
 
 
@@ -61,13 +62,15 @@ class BuildResult:
 
 def build(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
           inputs: Sequence[np.ndarray] | None = None, reference: np.ndarray | None = None,
-          progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None) -> BuildResult:
+          progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None,
+          build_budget: float | None = BUILD_BUDGET_SECONDS) -> BuildResult:
     """Constructs, builds and verifies a kernel for ``func``.
 
     With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
     fastest verified one wins; without it only the model's first plan is built (still verified).
     ``inputs`` / ``reference`` are numpy arrays for the check (random inputs and TVM's unscheduled build
-    of ``func`` are used when absent).
+    of ``func`` are used when absent). Candidates whose build has not started after ``build_budget``
+    seconds of compiling are skipped (None: build all).
     """
     from .profile import profile as _profile, warm_up
 
@@ -83,7 +86,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     programs = list(cons.programs if profile else cons.programs[:1])
     if inputs is None:
         inputs = random_inputs(norm)
-    prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile)
+    prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile,
+                    build_budget=build_budget)
     best = prof.best
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
@@ -101,6 +105,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
         "verified": bool(prof.candidates[best].verified),
         "chosen": best,
         "epsilon": cons.epsilon,
+        "build_budget": build_budget,
         "threads": dev.units.count,
         "candidates": [_candidate_report(p, c) for p, c in zip(programs, prof.candidates)],
     }
@@ -138,7 +143,8 @@ def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
 
 
 def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: Device | str | None = None,
-             topk: int = 10, profile: bool = True, progress: bool = False, **options: str) -> BuildResult:
+             topk: int = 10, profile: bool = True, progress: bool = False,
+             build_budget: float | None = BUILD_BUDGET_SECONDS, **options: str) -> BuildResult:
     """Builds one of roller's named operators (see roller.ops.OPS), verified against its numpy reference.
 
     ``options`` set the operator's string options, e.g. ``kind="avg"`` for pool2d or ``layout="nt"`` for
@@ -156,7 +162,7 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
     inputs = spec.inputs(full, dtype, rng)
     reference = spec.reference(inputs, full)
     result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
-                   progress=progress, name=spec.name, shape=full)
+                   progress=progress, name=spec.name, shape=full, build_budget=build_budget)
     report = result.report
     result.report = {"op": report["op"], "shape": report["shape"], "options": spec.option_values, **report}
     return result

@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from .errors import RollerError
+from .profile import BUILD_BUDGET_SECONDS, SKIPPED
 
 EXIT_ERROR = 2
 
@@ -46,7 +47,10 @@ def _print_build(report: dict, saved: dict | None) -> None:
           + (f", {report['gflops']:.1f} GFLOP/s" if report.get("gflops") else "")
           + f", verified against numpy: {'yes' if report['verified'] else 'NO'}")
     n_ok = sum(1 for c in report["candidates"] if c["verified"])
-    print(f"{len(report['candidates'])} candidates ({n_ok} verified), chose #{report['chosen']}; "
+    skipped = sum(1 for c in report["candidates"] if c["error"] == SKIPPED)
+    print(f"{len(report['candidates'])} candidates ({n_ok} verified"
+          + (f", {skipped} not built: the build budget of {report['build_budget']:g} s was spent" if skipped else "")
+          + f"), chose #{report['chosen']}; "
           f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
     if saved:
         print(f"wrote {saved['library']} and {saved['report']}")
@@ -65,7 +69,8 @@ def cmd_build(args) -> int:
         from .plot import check_plot_path
         check_plot_path(args.plot)  # matplotlib and the path too
     result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
-                          progress=not args.json and sys.stderr.isatty(), **options)
+                          progress=not args.json and sys.stderr.isatty(), build_budget=args.build_budget or None,
+                          **options)
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
@@ -129,6 +134,9 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None, help="'host' (default), a shipped spec name, or a YAML spec path")
     b.add_argument("--topk", type=int, default=10, help="candidates to build and time (default 10)")
     b.add_argument("--no-profile", action="store_true", help="build only the model's first plan (still verified)")
+    b.add_argument("--build-budget", type=float, default=BUILD_BUDGET_SECONDS, metavar="SECONDS",
+                   help="seconds of compiling after which candidates not yet started are skipped "
+                        f"(default {BUILD_BUDGET_SECONDS:g}; 0: build all top-k)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--out", metavar="DIR", help="write the kernel library and the report into DIR")
     b.add_argument("--plot", metavar="FILE", help="draw a roofline of the candidates (predicted and measured) "
@@ -149,6 +157,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "topk", 1) is not None and getattr(args, "topk", 1) < 1:
         parser.error("--topk must be at least 1")
+    if getattr(args, "build_budget", 0) < 0:
+        parser.error("--build-budget must be 0 (no limit) or more seconds")
     try:
         return args.func(args)
     except RollerError as e:

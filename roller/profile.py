@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,12 @@ TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in
 REPEATS = 3
 FINALISTS = 3      # candidates re-timed with REPEATS repeats after a one-repeat screen of all
 FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the best
+# Seconds of building after which candidates not yet started are skipped (the model's first is always
+# built): a few plans with long partitioned, unrolled tails compile for 10-15 s each (depthwise 5x5 on
+# 83x83x42), and a JIT user wants a kernel in seconds more than the tenth-ranked plan.
+BUILD_BUDGET_SECONDS = 5.0
+SKIPPED = "skipped: the build budget was spent before it started"
+STOPPED = "stopped: still compiling at twice the build budget"
 
 
 @dataclass
@@ -195,45 +201,90 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
-               hook: Callable | None, progress) -> dict[int, tuple[str | None, float | None, str | None]]:
-    """Builds every job; a worker that dies fails only the jobs that were running in it."""
+               hook: Callable | None, progress,
+               budget: float | None = None) -> dict[int, tuple[str | None, float | None, str | None]]:
+    """Builds the jobs in order, one per worker at a time; a worker that dies fails only its own job.
+
+    With a ``budget`` (seconds), jobs not started when it is spent are skipped (error SKIPPED), and jobs
+    still compiling at twice the budget are stopped (error STOPPED). The first job (the model's first
+    plan) and the reference (index -1) always run to the end.
+    """
     results: dict[int, tuple] = {}
-    pending = list(jobs)
+    queue = list(jobs)
+    protected = {-1, jobs[0][0]} if jobs else {-1}
     workers = max(1, min(device.units.count, len(jobs)))
-    while pending:
-        pool = _new_pool(workers)
-        with _main_module_hidden():  # workers start on submit
-            futures = {idx: pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook)
-                       for idx, prog in pending}
-        broken = False
-        for idx, fut in futures.items():
-            try:
-                results[idx] = fut.result()
-            except BrokenProcessPool:
-                broken = True
-                continue
-            if progress is not None:
-                progress.update(1)
-        pool.shutdown(wait=True, cancel_futures=True)
-        if not broken:
-            break
-        # The pool died with several jobs in flight; retry the unfinished ones one at a time so that
-        # only the crashing candidate is blamed.
-        pending = [(i, p) for i, p in pending if i not in results]
-        for idx, prog in pending:
-            pool = _new_pool(1)
-            try:
-                with _main_module_hidden():
-                    fut = pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook)
-                results[idx] = fut.result()
-            except BrokenProcessPool:
-                results[idx] = (None, None, "worker process died while building (TVM crash or abort)", ())
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-            if progress is not None:
-                progress.update(1)
-        pending = []
+    t0 = time.perf_counter()
+    pool = _new_pool(workers)
+    inflight: dict = {}  # future -> job index
+
+    def done(idx, result):
+        results[idx] = result
+        if progress is not None:
+            progress.update(1)
+
+    try:
+        while queue or inflight:
+            spent = budget is not None and time.perf_counter() - t0 >= budget
+            if spent:
+                for idx, _ in [j for j in queue if j[0] not in protected]:
+                    done(idx, (None, None, SKIPPED, ()))
+                queue = [j for j in queue if j[0] in protected]
+            while queue and len(inflight) < workers:
+                idx, prog = queue.pop(0)
+                with _main_module_hidden():  # a worker starts on the first submit
+                    inflight[pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook)] = idx
+            if budget is None:
+                timeout = None
+            elif not spent:
+                timeout = max(0.0, t0 + budget - time.perf_counter())
+            else:
+                timeout = max(0.0, t0 + 2 * budget - time.perf_counter())
+            finished, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                idx = inflight.pop(fut)
+                try:
+                    done(idx, fut.result())
+                except BrokenProcessPool:
+                    # the pool is gone with every job in it: the others are retried alone, so that only
+                    # the crashing candidate is blamed
+                    lost = [i for i in inflight.values()] + [idx]
+                    inflight.clear()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    for i in lost:
+                        done(i, _build_alone(func_json, expr, dict(jobs)[i], device, out_dir, i, hook))
+                    pool = _new_pool(workers)
+                    break
+            if (not finished and spent and budget is not None and time.perf_counter() - t0 >= 2 * budget
+                    and not protected & set(inflight.values())):
+                for i in inflight.values():
+                    done(i, (None, None, STOPPED, ()))
+                inflight.clear()
+                _stop_workers(pool)
+                pool = _new_pool(workers)
+    finally:
+        _stop_workers(pool) if inflight else pool.shutdown(wait=True, cancel_futures=True)
     return results
+
+
+def _build_alone(func_json, expr, prog, device, out_dir, idx, hook):
+    """One job in a pool of its own: a crash fails this job only."""
+    pool = _new_pool(1)
+    try:
+        with _main_module_hidden():
+            return pool.submit(_build_in_worker, func_json, expr, prog, device, out_dir, idx, hook).result()
+    except BrokenProcessPool:
+        return (None, None, "worker process died while building (TVM crash or abort)", ())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Ends a pool whose workers are still compiling: terminates them (the executor has no public way
+    before Python 3.14) and shuts it down."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +333,7 @@ def _time_all(modules: dict, dev, args) -> dict[int, float]:
 
 def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inputs: Sequence[np.ndarray],
             reference: np.ndarray | None = None, rtol: float | None = None, atol: float | None = None,
-            progress: bool = True, time_kernels: bool = True,
+            progress: bool = True, time_kernels: bool = True, build_budget: float | None = BUILD_BUDGET_SECONDS,
             _worker_hook: Callable | None = None) -> ProfileResult:
     """Builds ``programs`` in worker processes, verifies each against ``reference`` (or, if None, the
     output of the unscheduled ``func``), times the verified ones and keeps the fastest.
@@ -290,7 +341,9 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     ``inputs`` are the arrays of the function's input parameters in order; the remaining parameter is
     the output. Tolerances default to :data:`TOLERANCE` of the output dtype. Raises BuildError listing
     every candidate's failure when none builds and verifies. With ``time_kernels=False`` nothing is
-    timed and the first verified candidate wins. ``_worker_hook(index, program_dict)`` runs
+    timed and the first verified candidate wins. Candidates whose build has not started after
+    ``build_budget`` seconds of building are skipped (their error says so; None: no limit).
+    ``_worker_hook(index, program_dict)`` runs
     in the worker before each build (tests use it to crash a worker).
     """
     import tvm
@@ -324,7 +377,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         jobs: list[tuple[int, dict | None]] = [(i, p.to_dict()) for i, p in enumerate(programs)]
         if reference is None:
             jobs.append((-1, None))  # the unscheduled function gives the reference
-        built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar)
+        built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar, build_budget)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -49,7 +49,8 @@ def test_bad_device_file(capsys, tmp_path):
 
 
 def test_unknown_operator_and_bad_topk_are_usage_errors(capsys):
-    for argv in (["build", "softmax", "--shape", "M=4"], ["build", "matmul", "--shape", "M=4,N=4,K=4", "--topk", "0"]):
+    for argv in (["build", "softmax", "--shape", "M=4"], ["build", "matmul", "--shape", "M=4,N=4,K=4", "--topk", "0"],
+                 ["build", "matmul", "--shape", "M=4,N=4,K=4", "--build-budget", "-1"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2

@@ -92,3 +92,31 @@ def test_wrong_kernels_are_never_chosen(setup):
     msg = info.value.details
     assert msg.count("candidate ") == 3
     assert msg.count("wrong result") == 2 and "multiple" in msg
+
+
+def _slow_after_index_0(index, program):
+    """Worker hook: every candidate but the first (and the reference) compiles for 30 s."""
+    if index > 0:
+        import time
+        time.sleep(30)
+
+
+def test_build_budget_skips_and_stops_slow_candidates(setup):
+    """Past the budget, candidates not started are skipped; those still compiling at twice the budget are
+    stopped; the model's first plan is built, verified and chosen, and the whole profile stays bounded."""
+    import time
+
+    from roller.profile import SKIPPED, STOPPED
+
+    func, expr, ins, ref, dev = setup
+    a, b = good(expr)
+    t0 = time.perf_counter()
+    res = profile(func, expr, [a, b, b, b], dev, ins, None, progress=False, build_budget=1.0,
+                  _worker_hook=_slow_after_index_0)
+    try:
+        assert time.perf_counter() - t0 < 20  # not 30 s of sleeping candidates
+        assert res.best == 0 and res.verified == [True, False, False, False]
+        assert res.error[1] == STOPPED
+        assert set(res.error[2:]) <= {SKIPPED, STOPPED} and SKIPPED in res.error[2:]
+    finally:
+        res.cleanup()
