@@ -21,7 +21,7 @@ Axis fusion is not applied here (it is ``roller.expr.fuse_axes``, the policy's c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import UnsupportedExpressionError
 from .expr import REDUCE, SPATIAL, Axis, Expr, TensorAccess
@@ -93,6 +93,8 @@ def analyze(func, name: str | None = None) -> Analysis:
     producers, epilogue = _classify_rest(sch, blocks, main_name, ctx)
 
     expr, accumulator = _describe(sch, blocks, main_name, epilogue, inlined, ctx, name)
+    staged = {w.source.name for p in producers for w in sch.get(blocks[p]).writes}
+    expr = replace(expr, staged=tuple(t.name for t in expr.inputs if t.name in staged))
     ivs = sch.get(blocks[main_name]).iter_vars
     return Analysis(expr=expr, func=sch.mod["main"], epilogue_block=epilogue, accumulator=accumulator,
                     producer_blocks=producers, inlined=inlined,

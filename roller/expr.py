@@ -81,6 +81,9 @@ class Expr:
     # reduce axes along which zero-padded inputs leave the result unchanged (a sum of products with a
     # factor they index); filled by roller.analysis, empty when unknown (such axes are then predicated)
     zero_pad_axes: tuple[str, ...] = field(default=())
+    # inputs that a producer stage of the function writes (the operator's own zero padding, pad_temp):
+    # the code runs that stage per top tile, over the tile's region; filled by roller.analysis
+    staged: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
         names = [a.name for a in self.axes]

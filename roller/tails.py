@@ -122,7 +122,9 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     - a padded window: re-indexed first, so one element per point of its axes (R x S times the window
       for a convolution), once per top tile;
     - another padded input: once per top tile when packed, else once, whole, at root;
-    - a padded output: once more (the crop).
+    - a padded output: once more (the crop);
+    - an input a producer stage of the function writes (``Expr.staged``, e.g. a convolution's own zero
+      padding): its region, once per top tile, besides any copy above.
 
     A packed input's plain copy (no padding, no transposition) is not charged: the model does not credit
     what packing saves either (conflict-free dense rows), and charging one side only ranked packed plans
@@ -130,6 +132,8 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     tiles = tile_counts(expr, top)[0]
     total = 0
     for t in expr.inputs:
+        if t.name in expr.staged:  # the function's own producer stage (its zero padding), per top tile
+            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
         if t.packed_order:
             total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
         elif not t.axes & set(padded):

@@ -79,6 +79,7 @@ def test_conv2d_sliding_window(stride, pad, dilation):
     assert e.flops == ops.OPS["conv2d"].flops(shape)
     # the padding stays its own block; without padding there is none
     assert a.producer_blocks == (("pad_temp",) if pad else ())
+    assert e.staged == (("pad_temp",) if pad else ())  # the model charges the stage's copy per top tile
     blocks = [b for b in ("pad_temp", "conv") if b in a.func.script()]
     assert blocks == (["pad_temp", "conv"] if pad else ["conv"])
     # the sliding-window region of an output tile: (t-1)*stride + (r-1)*dilation + 1
