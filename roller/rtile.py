@@ -216,7 +216,9 @@ def traffic(expr: Expr, tile: Mapping[str, int], rules: LevelRules,
     Each tile loads every input region once. The output region stays at the level across the
     reduction inside one ``parent`` tile (the next level's; reduction loops are innermost within a
     level): it is written once per spatial tile, and read back and written again for each further
-    reduction chunk of the parent. Without a parent the whole reduction is one chunk.
+    reduction chunk of the parent. Without a parent the whole reduction is one chunk. (A plan with partial
+    sums runs the top tile's whole reduction inside its spatial loops instead, see codegen/cpu; its
+    input traffic at the middle levels is then larger than counted here: not modelled yet.)
     """
     total, spatial = tile_counts(expr, tile)
     q = sum(tensor_footprint(t, tile, rules, moved=True) * total for t in expr.inputs)
