@@ -144,19 +144,16 @@ class LevelRules:
     def row_bytes(self, t: TensorAccess, inner: int, moved: bool = False) -> int:
         """Bytes one row (contiguous innermost run) of a tensor tile takes at this level.
 
-        Above level 0 a row occupies and moves whole transactions (cache lines). At level 0 a row along
-        the vector axis occupies its own bytes and moves in vector loads; a tensor whose rows run along
-        another axis is broadcast, one load and one vector register per element.
+        Above level 0 a row occupies and moves whole transactions (cache lines). At level 0 a row
+        occupies its own bytes, but moving it costs whole loads: vector loads along the vector axis,
+        and one load (a broadcast) per element for a tensor whose rows run along another axis.
         """
         raw = inner * t.elem_bytes
         if self.index == 0:
-            if t.name == self.partial_sums and not moved:
-                return raw * self.lanes
+            if not moved:
+                return raw * self.lanes if t.name == self.partial_sums else raw
             if self.vector_axis not in t.innermost_axes():
-                # each element is broadcast to a whole vector: one load and one register apiece (a conv
-                # stem's 16-wide window held 37 broadcasts beside 16 accumulators and spilled them all)
                 return inner * self.level.transaction_bytes
-            return raw
         if t.name == self.partial_sums:
             raw *= self.lanes  # the partial sums live in their own buffer across the tile's reduction
         return round_up(raw, self.level.transaction_bytes)

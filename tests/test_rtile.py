@@ -25,10 +25,8 @@ def test_paper_matmul_tile_reads_4x2_of_A_and_2x4_of_B():
 def test_matmul_footprint_and_traffic_by_hand():
     e = matmul(8, 8, 8)
     tile = {"i": 4, "j": 4, "k": 2}
-    # level 0 counts raw bytes along the vector axis j: B 2x4, C 4x4 floats; A (rows along k) is
-    # broadcast, a whole vector register per element
-    vec = rules(e, 0).level.transaction_bytes
-    assert footprint(e, tile, rules(e, 0)) == 8 * vec + (8 + 16) * 4
+    # level 0 counts raw bytes: A 4x2, B 2x4, C 4x4 floats
+    assert footprint(e, tile, rules(e, 0)) == (8 + 8 + 16) * 4
     # L1 rounds every row to a 64 B line: A 4 rows, B 2 rows, C 4 rows
     assert footprint(e, tile, rules(e, 1)) == (4 + 2 + 4) * 64
     # 2*2*4 = 16 tiles load A and B; 4 spatial tiles write C once
@@ -53,8 +51,7 @@ def test_conv_window_region_footprint_and_traffic():
     X, Wt = e.inputs
     assert X.region(tile) == (1, 6, 6, 8)  # (4-1)*1 + (3-1)*1 + 1 = 6
     assert Wt.region(tile) == (3, 3, 8, 16)
-    # level 0: X (rows along c, not the vector axis k) broadcast, one vector register per element
-    assert footprint(e, tile, rules(e, 0)) == 288 * rules(e, 0).level.transaction_bytes + (1152 + 256) * 4
+    assert footprint(e, tile, rules(e, 0)) == (288 + 1152 + 256) * 4
     # L1: X has 36 rows of 8 floats (one line each), W 72 rows of 16 floats, Y 16 rows of 16 floats
     assert footprint(e, tile, rules(e, 1)) == (36 + 72 + 16) * 64
     assert tile_counts(e, tile) == (4, 4)
