@@ -52,6 +52,7 @@ class BuildResult:
     expr: Expr
     device: Device
     profile: Any = field(default=None, repr=False)
+    library: str | None = None  # the kernel's shared library (a temp file, or the cache entry's)
 
     def save(self, directory) -> dict[str, str]:
         """Writes ``<op>.so`` (the kernel library) and ``<op>.json`` (the report) into ``directory``;
@@ -63,7 +64,8 @@ class BuildResult:
 def build(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
           inputs: Sequence[np.ndarray] | None = None, reference: np.ndarray | None = None,
           progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None,
-          build_budget: float | None = BUILD_BUDGET_SECONDS) -> BuildResult:
+          build_budget: float | None = BUILD_BUDGET_SECONDS, cache: bool = True,
+          options: Mapping[str, str] | None = None) -> BuildResult:
     """Constructs, builds and verifies a kernel for ``func``.
 
     With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
@@ -71,17 +73,67 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     ``inputs`` / ``reference`` are numpy arrays for the check (random inputs and TVM's unscheduled build
     of ``func`` are used when absent). Candidates whose build has not started after ``build_budget``
     seconds of compiling are skipped (None: build all).
-    """
-    from .profile import profile as _profile, warm_up
 
+    With ``cache`` (the default) the kernel comes from the persistent kernel cache (roller.cache,
+    ``$ROLLER_CACHE``) when this function was built before for the same device and options; it was
+    verified when it was built and is not checked again. Otherwise it is built and stored. The report's
+    ``cache`` is "hit", "miss" or "off". ``name``, ``shape`` and ``options`` label the report.
+    """
     t0 = time.perf_counter()
     dev = _device(device)
     from .codegen import KINDS
     if dev.kind not in KINDS:
         raise BuildError(f"device {dev.name!r} is of kind {dev.kind!r}: roller generates code for "
                          f"{', '.join(KINDS)} only so far; construct() still plans for it")
-    warm_up()
     expr, norm = analyze(func)
+    labels = {"op": name or expr.name,
+              "shape": dict(shape) if shape is not None else {a.name: a.extent for a in expr.axes}}
+    if options is not None:
+        labels["options"] = dict(options)
+
+    def compile_() -> BuildResult:
+        return _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
+
+    if not cache:
+        result = compile_()
+        result.report["cache"] = "off"
+        return result
+
+    from . import cache as kcache
+    from .tvmutil import set_threads
+
+    cache_options = {"profile": bool(profile), "topk": topk if profile else 1,
+                     "build_budget": build_budget if profile else None}
+    store = kcache.open_store()
+    key, parts = kcache.kernel_key(norm, dev, cache_options)
+
+    def load(entry: "kcache.CachedKernel") -> BuildResult:
+        import tvm
+
+        set_threads(dev.units.count)  # before the runtime's pool starts, as for a fresh build
+        module = tvm.runtime.load_module(entry.library)
+        report = dict(entry.report)
+        program = RProgram.from_dict(report.pop("program"))
+        report.update(labels, cached_build_seconds=report["build_seconds"], build_seconds=time.perf_counter() - t0)
+        return BuildResult(module=module, program=program, report=report, expr=expr, device=dev,
+                           library=entry.library)
+
+    def build_and_describe() -> tuple[BuildResult, str, dict]:
+        result = compile_()
+        stored = dict(result.report, program=result.program.to_dict(), cache_options=cache_options)
+        return result, result.library, stored
+
+    status, result = kcache.get_or_build(store, key, parts, build_and_describe, load)
+    result.report.update(cache=status, cache_key=key, cache_options=cache_options)
+    return result
+
+
+def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inputs, reference, progress: bool,
+                    build_budget: float | None, labels: Mapping, t0: float) -> BuildResult:
+    """Constructs the plans of an analysed function, builds, checks and times them (see build)."""
+    from .profile import profile as _profile, warm_up
+
+    warm_up()
     cons = _construct(expr, dev, topk if profile else 1)
     programs = list(cons.programs if profile else cons.programs[:1])
     if inputs is None:
@@ -92,8 +144,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
     report = {
-        "op": name or expr.name,
-        "shape": dict(shape) if shape is not None else {a.name: a.extent for a in expr.axes},
+        **labels,
         "dtype": expr.dtype,
         "device": dev.name,
         "device_calibrated": dev.calibrated,
@@ -109,7 +160,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
         "threads": dev.units.count,
         "candidates": [_candidate_report(p, c) for p, c in zip(programs, prof.candidates)],
     }
-    return BuildResult(module=prof.module, program=program, report=report, expr=expr, device=dev, profile=prof)
+    return BuildResult(module=prof.module, program=program, report=report, expr=expr, device=dev, profile=prof,
+                       library=prof.lib_path)
 
 
 def _candidate_report(p: RProgram, c) -> dict:
@@ -144,25 +196,25 @@ def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
 
 def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: Device | str | None = None,
              topk: int = 10, profile: bool = True, progress: bool = False,
-             build_budget: float | None = BUILD_BUDGET_SECONDS, **options: str) -> BuildResult:
+             build_budget: float | None = BUILD_BUDGET_SECONDS, cache: bool = True, **options: str) -> BuildResult:
     """Builds one of roller's named operators (see roller.ops.OPS), verified against its numpy reference.
 
     ``options`` set the operator's string options, e.g. ``kind="avg"`` for pool2d or ``layout="nt"`` for
     matmul (InvalidShapeError for an option the operator does not take or a value it does not allow);
-    the report's ``options`` names every option's value.
+    the report's ``options`` names every option's value. ``cache``: see :func:`build`.
     """
     from . import ops
     from .profile import warm_up
 
     spec = ops.get_op(op).with_options(**options)
     full = ops.validate_shape(spec, dict(shape), dtype)
-    warm_up()  # the build server imports TVM while this process does the same, on the other core
+    if not cache:  # the build server imports TVM while this process does the same, on the other core
+        warm_up()  # (with the cache, only a miss starts it: a hit needs no build server)
     func = spec.make(full, dtype)
     rng = np.random.default_rng(0)
     inputs = spec.inputs(full, dtype, rng)
     reference = spec.reference(inputs, full)
     result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
-                   progress=progress, name=spec.name, shape=full, build_budget=build_budget)
-    report = result.report
-    result.report = {"op": report["op"], "shape": report["shape"], "options": spec.option_values, **report}
+                   progress=progress, name=spec.name, shape=full, build_budget=build_budget, cache=cache,
+                   options=spec.option_values)
     return result

@@ -1,4 +1,4 @@
-"""The ``roller`` command: ``roller build``, ``roller devices``, ``roller calibrate``.
+"""The ``roller`` command: ``roller build``, ``roller devices``, ``roller calibrate``, ``roller cache``.
 
 Errors exit non-zero with one line on stderr (``--debug`` shows the traceback).
 """
@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
+import warnings
 
 from .errors import RollerError
 from .profile import BUILD_BUDGET_SECONDS, SKIPPED
@@ -51,7 +53,9 @@ def _print_build(report: dict, saved: dict | None) -> None:
     print(f"{len(report['candidates'])} candidates ({n_ok} verified"
           + (f", {skipped} not built: the build budget of {report['build_budget']:g} s was spent" if skipped else "")
           + f"), chose #{report['chosen']}; "
-          f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
+          f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s"
+          + (f" (from the kernel cache, built {report['cached_build_seconds']:.2f} s)" if report.get("cache") == "hit"
+             else ""))
     if saved:
         print(f"wrote {saved['library']} and {saved['report']}")
 
@@ -70,7 +74,7 @@ def cmd_build(args) -> int:
         check_plot_path(args.plot)  # matplotlib and the path too
     result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
                           progress=not args.json and sys.stderr.isatty(), build_budget=args.build_budget or None,
-                          **options)
+                          cache=not args.no_cache, **options)
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
@@ -113,6 +117,57 @@ def cmd_devices(args) -> int:
     return 0
 
 
+def _cache_location() -> str:
+    from .cache import open_store
+    return open_store().location
+
+
+def cmd_cache_list(args) -> int:
+    from .cache import open_store
+
+    rows = [e.to_dict() for e in open_store().entries()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        shape = ",".join(f"{k}={v}" for k, v in (r["shape"] or {}).items())
+        opts = r["options"] or {}
+        tier = f"top-{opts.get('topk')} profiled" if opts.get("profile") else "top-1"
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_used"]))
+        print(f"{r['key'][:16]}  {r['op'] or '?'} {shape} {r['dtype'] or ''}  {tier}  {_fmt_bytes(r['bytes'])}  "
+              f"last used {used}")
+    print(f"{len(rows)} kernels in {_cache_location()}")
+    return 0
+
+
+def cmd_cache_stats(args) -> int:
+    from .cache import open_store
+
+    st = open_store().stats()
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    rate = "-" if st["hit_rate"] is None else f"{st['hit_rate']:.0%}"
+    print(f"{st['location']}: {st['entries']} kernels, {_fmt_bytes(st['bytes'])} of {_fmt_bytes(st['max_bytes'])}; "
+          f"{st['hits']} hits, {st['misses']} misses (hit rate {rate}), {st['corrupt']} corrupt entries rebuilt, "
+          f"{st['evictions']} evicted")
+    return 0
+
+
+def cmd_cache_clear(args) -> int:
+    from .cache import open_store
+
+    store = open_store()
+    n = store.clear()
+    print(json.dumps({"removed": n, "location": store.location}) if args.json
+          else f"removed {n} kernels from {store.location}")
+    return 0
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"roller: warning: {message}\n"
+
+
 def make_parser() -> argparse.ArgumentParser:
     from .ops import OPS, option_names
 
@@ -137,6 +192,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--build-budget", type=float, default=BUILD_BUDGET_SECONDS, metavar="SECONDS",
                    help="seconds of compiling after which candidates not yet started are skipped "
                         f"(default {BUILD_BUDGET_SECONDS:g}; 0: build all top-k)")
+    b.add_argument("--no-cache", action="store_true",
+                   help="build afresh, neither reading nor writing the kernel cache ($ROLLER_CACHE)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--out", metavar="DIR", help="write the kernel library and the report into DIR")
     b.add_argument("--plot", metavar="FILE", help="draw a roofline of the candidates (predicted and measured) "
@@ -147,8 +204,20 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
 
+    c = sub.add_parser("cache", help="the persistent kernel cache: list, stats, clear, warm")
+    csub = c.add_subparsers(dest="cache_command", required=True)
+    for cmd, fn, text in (("list", cmd_cache_list, "the cached kernels, most recently used first"),
+                          ("stats", cmd_cache_stats, "entries, size, bound, hits and misses"),
+                          ("clear", cmd_cache_clear, "remove every cached kernel and the statistics")):
+        cp = csub.add_parser(cmd, help=text)
+        cp.add_argument("--json", action="store_true")
+        cp.set_defaults(func=fn)
+
     from .calibrate import register_cli
     register_cli(sub)
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a --debug given before it
+    for parser in [*sub.choices.values(), *csub.choices.values()]:
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     return p
 
 
@@ -159,6 +228,7 @@ def main(argv=None) -> int:
         parser.error("--topk must be at least 1")
     if getattr(args, "build_budget", 0) < 0:
         parser.error("--build-budget must be 0 (no limit) or more seconds")
+    warnings.formatwarning = _one_line_warning  # roller's warnings are messages to the user, not code sites
     try:
         return args.func(args)
     except RollerError as e:

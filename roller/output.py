@@ -47,7 +47,7 @@ def save_build(result, directory) -> dict[str, str]:
     out = Path(directory)
     stem = str(result.report.get("op") or result.expr.name)
     lib = out / f"{stem}.so"
-    src = result.profile.lib_path
+    src = result.library
     if src is None or not Path(src).exists():
         from .errors import BuildError
         raise BuildError("no kernel library to save: the build was cleaned up; build again with --out")

@@ -160,7 +160,8 @@ def _build(case: Case, device, **kwargs):
     """roller.build_op for the case, its options passed through."""
     import roller
 
-    return roller.build_op(case.op, case.shape, "float32", device, **kwargs, **case.options)
+    # no kernel cache: the suite reports build seconds
+    return roller.build_op(case.op, case.shape, "float32", device, cache=False, **kwargs, **case.options)
 
 
 @dataclass
