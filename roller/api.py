@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -79,6 +79,17 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     verified when it was built and is not checked again. Otherwise it is built and stored. The report's
     ``cache`` is "hit", "miss" or "off". ``name``, ``shape`` and ``options`` label the report.
     """
+    if inputs is not None:  # bad arrays are an error even when the kernel comes from the cache
+        from .profile import check_inputs
+        check_inputs(analyze(func)[1], inputs)
+    return _build(func, device, topk, profile, lambda: (inputs, reference), progress, name, shape, build_budget,
+                  cache, options)
+
+
+def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
+           build_budget: float | None, cache: bool, options) -> BuildResult:
+    """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
+    a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
     dev = _device(device)
     from .codegen import KINDS
@@ -92,6 +103,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
         labels["options"] = dict(options)
 
     def compile_() -> BuildResult:
+        inputs, reference = check()
         return _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
 
     if not cache:
@@ -211,10 +223,10 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
     if not cache:  # the build server imports TVM while this process does the same, on the other core
         warm_up()  # (with the cache, only a miss starts it: a hit needs no build server)
     func = spec.make(full, dtype)
-    rng = np.random.default_rng(0)
-    inputs = spec.inputs(full, dtype, rng)
-    reference = spec.reference(inputs, full)
-    result = build(func, device, topk=topk, profile=profile, inputs=inputs, reference=reference,
-                   progress=progress, name=spec.name, shape=full, build_budget=build_budget, cache=cache,
-                   options=spec.option_values)
-    return result
+
+    def check() -> tuple[list[np.ndarray], np.ndarray]:
+        inputs = spec.inputs(full, dtype, np.random.default_rng(0))
+        return inputs, spec.reference(inputs, full)
+
+    return _build(func, device, topk, profile, check, progress, spec.name, full, build_budget, cache,
+                  spec.option_values)

@@ -298,6 +298,19 @@ def _output_params(func, n_inputs: int):
     return [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in params[n_inputs:]]
 
 
+def check_inputs(func, inputs: Sequence[np.ndarray]) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of ``func``'s one output; BuildError unless ``inputs`` match its input parameters."""
+    outs = _output_params(func, len(inputs))
+    if len(outs) != 1:
+        raise BuildError(f"profile: expected one output parameter after the {len(inputs)} inputs, got {len(outs)}")
+    for p, a in zip(func.params, inputs):
+        want = (tuple(int(d) for d in p.shape), str(p.dtype))
+        if (tuple(np.shape(a)), str(np.asarray(a).dtype)) != want:
+            raise BuildError(f"profile: input {p.name} must be an array of shape {want[0]} and dtype {want[1]}, "
+                             f"got shape {tuple(np.shape(a))} and dtype {np.asarray(a).dtype}")
+    return outs[0]
+
+
 def _fill_sentinel(arr: np.ndarray) -> np.ndarray:
     """An output buffer that no correct kernel leaves unchanged (so stale results cannot pass)."""
     if np.issubdtype(arr.dtype, np.floating):
@@ -354,15 +367,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         raise BuildError("profile: no candidate programs to build; the constructor returned none")
     set_threads(device.units.count)
     target_for(device)  # fail early, in the caller, on a bad target
-    outs = _output_params(func, len(inputs))
-    if len(outs) != 1:
-        raise BuildError(f"profile: expected one output parameter after the {len(inputs)} inputs, got {len(outs)}")
-    out_shape, out_dtype = outs[0]
-    for p, a in zip(func.params, inputs):
-        want = (tuple(int(d) for d in p.shape), str(p.dtype))
-        if (tuple(np.shape(a)), str(np.asarray(a).dtype)) != want:
-            raise BuildError(f"profile: input {p.name} must be an array of shape {want[0]} and dtype {want[1]}, "
-                             f"got shape {tuple(np.shape(a))} and dtype {np.asarray(a).dtype}")
+    out_shape, out_dtype = check_inputs(func, inputs)
     rt, at = TOLERANCE.get(out_dtype, (0.0, 0.0))
     rtol = rt if rtol is None else rtol
     atol = at if atol is None else atol

@@ -84,6 +84,18 @@ def test_hit_after_miss_gives_the_same_kernel_and_numbers(cache_root):
     assert (st["hits"], st["misses"], st["entries"]) == (2, 2, 2)
 
 
+@pytest.mark.build
+def test_wrong_arrays_are_an_error_on_a_hit_too(cache_root):
+    func = ops.matmul(8, 8, 8)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((8, 8)).astype("float32"), rng.standard_normal((8, 8)).astype("float32")
+    res = roller.build(func, profile=False, inputs=[a, b], reference=a @ b)
+    assert res.report["cache"] == "miss"
+    with pytest.raises(roller.BuildError, match=r"input A must be an array of shape \(8, 8\)"):
+        roller.build(func, profile=False, inputs=[a[:4], b])
+    assert roller.build(func, profile=False).report["cache"] == "hit"
+
+
 def test_key_covers_function_device_and_options():
     f1 = ops.get_op("matmul").make({"M": 8, "N": 8, "K": 8}, "float32")
     f2 = ops.get_op("matmul").make({"M": 8, "N": 8, "K": 9}, "float32")
@@ -134,12 +146,14 @@ CHILD = textwrap.dedent("""
     out = tvm.runtime.tensor(np.full((5, 37), np.nan, "float32"))
     r.module["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
     np.testing.assert_allclose(out.numpy(), spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
-    print(r.report["cache"], r.report["cache_key"])
+    threads = tvm.get_global_func("runtime.NumThreads")()  # the pool started with the kernel's first run
+    print(r.report["cache"], r.report["cache_key"], threads, r.device.units.count)
 """)
 
 
 def _child(marker, env_extra, cache_root):
     env = dict(os.environ, PYTHONPATH=str(REPO), ROLLER_CACHE=str(cache_root), **env_extra)
+    env.pop("TVM_NUM_THREADS", None)  # (this process may have set it) the kernel must get roller's count itself
     return subprocess.Popen([sys.executable, "-c", CHILD, str(marker)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -154,6 +168,8 @@ def test_processes_building_one_key_at_once_compile_it_once(cache_root, tmp_path
     results = sorted(o[0].split()[0] for o in outs)
     assert results == ["hit", "hit", "miss"], outs
     assert len({o[0].split()[1] for o in outs}) == 1  # one key
+    # a kernel loaded from the cache runs on every core of the device, as a fresh build does
+    assert all(o[0].split()[2] == o[0].split()[3] for o in outs), outs
     assert len(marker.read_text().split()) == 1  # exactly one compile, checked outside the cache's own stats
     st = kc.open_store().stats()
     assert (st["misses"], st["hits"], st["entries"]) == (1, 2, 1)
