@@ -101,6 +101,9 @@ def load_calibration(device: Device) -> dict | None:
     except OSError as e:
         _warn_bad(path, f"cannot be read ({e.strerror or e})")
         return None
+    except UnicodeDecodeError:
+        _warn_bad(path, "is not text (binary garbage: corrupt)")
+        return None
     try:
         data = json.loads(text)
     except ValueError as e:

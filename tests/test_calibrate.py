@@ -62,6 +62,7 @@ def _truncated(dev):
 
 BAD_FILES = {
     "garbage": lambda dev: "\x00\x01 not json at all",
+    "binary garbage": lambda dev: b"\xff\xfe\x00\x9c\x80 not UTF-8",
     "empty": lambda dev: "",
     "truncated": _truncated,
     "not an object": lambda dev: "[1, 2, 3]",
@@ -78,7 +79,8 @@ BAD_FILES = {
 def test_bad_cache_file_warns_and_falls_back(spec, case):
     path = C.calibration_path(spec)
     path.parent.mkdir(parents=True)
-    path.write_text(BAD_FILES[case](spec))
+    data = BAD_FILES[case](spec)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
     with pytest.warns(C.CalibrationWarning) as rec:
         assert C.load_calibration(spec) is None
     assert len(rec) == 1
