@@ -125,7 +125,8 @@ class CachedKernel:
 
 @dataclass(frozen=True)
 class EntryInfo:
-    """One entry as listed: its key, size in bytes, last use (epoch seconds) and report summary."""
+    """One entry as listed: its key, size in bytes, last use (epoch seconds), what its report says it is
+    (operator, shape, dtype, the operator's options) and the build options it was made with."""
 
     key: str
     bytes: int
@@ -133,7 +134,8 @@ class EntryInfo:
     op: str | None
     shape: dict | None
     dtype: str | None
-    options: dict
+    op_options: dict
+    build_options: dict
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -342,7 +344,8 @@ class LocalStore(Store):
                 report = {}
             out.append(EntryInfo(key=key, bytes=size, last_used=last, op=report.get("op"),
                                  shape=report.get("shape"), dtype=report.get("dtype"),
-                                 options=dict(report.get("cache_options") or {})))
+                                 op_options=dict(report.get("options") or {}),
+                                 build_options=dict(report.get("cache_options") or {})))
         return out
 
     def clear(self) -> int:

@@ -60,21 +60,29 @@ def _print_build(report: dict, saved: dict | None) -> None:
         print(f"wrote {saved['library']} and {saved['report']}")
 
 
+def _kernel_request(args) -> dict:
+    """build_op's arguments from parsed kernel arguments (see _add_kernel_args), validated: one clear
+    error line before anything is built."""
+    from . import ops
+
+    options = {k: getattr(args, k) for k in ops.option_names() if getattr(args, k, None) is not None}
+    spec = ops.get_op(args.op).with_options(**options)  # `matmul --kind max`: one clear line, before building
+    return dict(op=args.op, shape=ops.parse_shape(spec, args.shape, args.dtype), dtype=args.dtype,
+                device=args.device, topk=args.topk, profile=not args.no_profile,
+                build_budget=args.build_budget or None, **options)
+
+
 def cmd_build(args) -> int:
-    from . import api, ops
+    from . import api
     from .output import check_out_dir
 
-    options = {k: getattr(args, k) for k in ops.option_names() if getattr(args, k) is not None}
-    spec = ops.get_op(args.op).with_options(**options)  # `matmul --kind max`: one clear line, before building
-    shape = ops.parse_shape(spec, args.shape, args.dtype)
+    request = _kernel_request(args)
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
     if args.plot:
         from .plot import check_plot_path
         check_plot_path(args.plot)  # matplotlib and the path too
-    result = api.build_op(args.op, shape, args.dtype, args.device, topk=args.topk, profile=not args.no_profile,
-                          progress=not args.json and sys.stderr.isatty(), build_budget=args.build_budget or None,
-                          cache=not args.no_cache, **options)
+    result = api.build_op(**request, progress=not args.json and sys.stderr.isatty(), cache=not args.no_cache)
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
@@ -131,8 +139,9 @@ def cmd_cache_list(args) -> int:
         return 0
     for r in rows:
         shape = ",".join(f"{k}={v}" for k, v in (r["shape"] or {}).items())
-        opts = r["options"] or {}
-        tier = f"top-{opts.get('topk')} profiled" if opts.get("profile") else "top-1"
+        shape += "".join(f" --{k} {v}" for k, v in r["op_options"].items())
+        built = r["build_options"]
+        tier = f"top-{built.get('topk')} profiled" if built.get("profile") else "top-1"
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_used"]))
         print(f"{r['key'][:16]}  {r['op'] or '?'} {shape} {r['dtype'] or ''}  {tier}  {_fmt_bytes(r['bytes'])}  "
               f"last used {used}")
@@ -164,18 +173,75 @@ def cmd_cache_clear(args) -> int:
     return 0
 
 
+class _LineParser(argparse.ArgumentParser):
+    """Parses one line of a warm file: errors are raised (and named by line), not printed and exited."""
+
+    def error(self, message):
+        raise RollerError(message)
+
+
+def _check_limits(args) -> str | None:
+    if args.topk is not None and args.topk < 1:
+        return "--topk must be at least 1"
+    if args.build_budget < 0:
+        return "--build-budget must be 0 (no limit) or more seconds"
+    return None
+
+
+def cmd_cache_warm(args) -> int:
+    """Builds every kernel listed in a file (one `OP --shape ... [options]` line each) into the cache.
+    Every line is checked before the first build; a build that fails is reported and the rest go on."""
+    import shlex
+    from pathlib import Path
+
+    from . import api
+
+    try:
+        lines = Path(args.file).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RollerError(f"{args.file}: cannot be read ({getattr(e, 'strerror', None) or e}); "
+                          f"give a text file of `OP --shape NAME=V,...` lines") from None
+    parser = _LineParser(prog="roller cache warm line", add_help=False)
+    _add_kernel_args(parser)
+    requests = []
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            parsed = parser.parse_args(shlex.split(text))
+            problem = _check_limits(parsed)
+            if problem:
+                raise RollerError(problem)
+            requests.append((n, text, _kernel_request(parsed)))
+        except (RollerError, ValueError) as e:
+            raise RollerError(f"{args.file}:{n}: {e}") from None
+    if not requests:
+        raise RollerError(f"{args.file}: no kernels listed; give one `OP --shape NAME=V,...` line per kernel")
+    failed = 0
+    for n, text, request in requests:
+        try:
+            report = api.build_op(**request).report
+        except RollerError as e:
+            failed += 1
+            print(f"roller: error: {args.file}:{n}: {text}: {e}", file=sys.stderr)
+            continue
+        print(json.dumps({"line": n, "kernel": text, "cache": report["cache"], "key": report["cache_key"],
+                          "seconds": report["build_seconds"]}) if args.json
+              else f"{report['cache']:>4}  {text}  ({_fmt_seconds(report['build_seconds'])})")
+    if not args.json:
+        print(f"{len(requests) - failed} of {len(requests)} kernels in the cache {_cache_location()}")
+    return EXIT_ERROR if failed else 0
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"roller: warning: {message}\n"
 
 
-def make_parser() -> argparse.ArgumentParser:
+def _add_kernel_args(b: argparse.ArgumentParser) -> None:
+    """The arguments that say which kernel to build (roller build, and each line of roller cache warm)."""
     from .ops import OPS, option_names
 
-    p = argparse.ArgumentParser(prog="roller", description="Fast tensor kernels by construction (Roller) on TVM.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    b = sub.add_parser("build", help="construct, build, verify and time a kernel for an operator")
     b.add_argument("op", choices=sorted(OPS), help="operator")
     b.add_argument("--shape", required=True,
                    help="sizes as NAME=V,...: " + "; ".join(f"{n}: {','.join(s.shape_keys)}"
@@ -192,6 +258,15 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--build-budget", type=float, default=BUILD_BUDGET_SECONDS, metavar="SECONDS",
                    help="seconds of compiling after which candidates not yet started are skipped "
                         f"(default {BUILD_BUDGET_SECONDS:g}; 0: build all top-k)")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="roller", description="Fast tensor kernels by construction (Roller) on TVM.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="construct, build, verify and time a kernel for an operator")
+    _add_kernel_args(b)
     b.add_argument("--no-cache", action="store_true",
                    help="build afresh, neither reading nor writing the kernel cache ($ROLLER_CACHE)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -212,6 +287,11 @@ def make_parser() -> argparse.ArgumentParser:
         cp = csub.add_parser(cmd, help=text)
         cp.add_argument("--json", action="store_true")
         cp.set_defaults(func=fn)
+    cw = csub.add_parser("warm", help="build the kernels a file lists (one `OP --shape ... [options]` line each, "
+                                      "'#' comments) into the cache, e.g. at deploy time")
+    cw.add_argument("file")
+    cw.add_argument("--json", action="store_true", help="one JSON object per kernel")
+    cw.set_defaults(func=cmd_cache_warm)
 
     from .calibrate import register_cli
     register_cli(sub)
@@ -224,10 +304,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "topk", 1) is not None and getattr(args, "topk", 1) < 1:
-        parser.error("--topk must be at least 1")
-    if getattr(args, "build_budget", 0) < 0:
-        parser.error("--build-budget must be 0 (no limit) or more seconds")
+    if args.command == "build" and _check_limits(args):
+        parser.error(_check_limits(args))
     warnings.formatwarning = _one_line_warning  # roller's warnings are messages to the user, not code sites
     try:
         return args.func(args)

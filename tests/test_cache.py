@@ -339,3 +339,27 @@ def test_debug_is_accepted_after_the_subcommand(capsys):
     assert code == 2 and "Traceback" in err
     code, out, err = run(capsys, "build", "matmul", "--shape", "M=0,N=4,K=4")
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.build
+def test_cache_warm_builds_each_line_once_and_checks_every_line_first(cache_root, capsys, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("add_relu --shape M=5,N=37 --no-profile\nmatmul --shape M=4,N=4\n")
+    code, out, err = run(capsys, "cache", "warm", str(bad))
+    assert code == 2 and err.startswith(f"roller: error: {bad}:2:") and "K" in err and err.count("\n") == 1
+    assert not cache_root.exists()  # nothing built before every line was checked
+    good = tmp_path / "warm.txt"
+    good.write_text("# kernels of the service\nadd_relu --shape M=5,N=37 --no-profile\n\n"
+                    "pool2d --kind avg --shape N=1,H=5,W=5,C=3,R=2,S=2 --no-profile  # avg pooling\n")
+    code, out, err = run(capsys, "cache", "warm", str(good), "--json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["line"], r["cache"]) for r in rows] == [(2, "miss"), (4, "miss")]
+    code, out, err = run(capsys, "cache", "warm", str(good))
+    assert code == 0 and out.count(" hit  ") == 2 and "2 of 2 kernels" in out
+    check_numpy(build().module)  # what warm stored is what a build then gets
+    assert build().report["cache"] == "hit"
+    code, out, _ = run(capsys, "cache", "list", "--json")
+    assert sorted(r["op"] for r in json.loads(out)) == ["add_relu", "pool2d"]
+    assert {r["build_options"].get("profile") for r in json.loads(out)} == {False}
+    assert [r["op_options"] for r in json.loads(out) if r["op"] == "pool2d"] == [{"kind": "avg"}]
