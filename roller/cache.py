@@ -126,7 +126,7 @@ class CachedKernel:
 @dataclass(frozen=True)
 class EntryInfo:
     """One entry as listed: its key, size in bytes, last use (epoch seconds), what its report says it is
-    (operator, shape, dtype, the operator's options) and the build options it was made with."""
+    (operator, shape, dtype, device, the operator's options) and the build options it was made with."""
 
     key: str
     bytes: int
@@ -134,6 +134,7 @@ class EntryInfo:
     op: str | None
     shape: dict | None
     dtype: str | None
+    device: str | None
     op_options: dict
     build_options: dict
 
@@ -343,7 +344,7 @@ class LocalStore(Store):
             except (OSError, ValueError):
                 report = {}
             out.append(EntryInfo(key=key, bytes=size, last_used=last, op=report.get("op"),
-                                 shape=report.get("shape"), dtype=report.get("dtype"),
+                                 shape=report.get("shape"), dtype=report.get("dtype"), device=report.get("device"),
                                  op_options=dict(report.get("options") or {}),
                                  build_options=dict(report.get("cache_options") or {})))
         return out

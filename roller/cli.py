@@ -143,7 +143,7 @@ def cmd_cache_list(args) -> int:
         built = r["build_options"]
         tier = f"top-{built.get('topk')} profiled" if built.get("profile") else "top-1"
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_used"]))
-        print(f"{r['key'][:16]}  {r['op'] or '?'} {shape} {r['dtype'] or ''}  {tier}  {_fmt_bytes(r['bytes'])}  "
+        print(f"{r['key'][:16]}  {r['op'] or '?'} {shape} {r['dtype'] or ''} on {r['device']}  {tier}  {_fmt_bytes(r['bytes'])}  "
               f"last used {used}")
     print(f"{len(rows)} kernels in {_cache_location()}")
     return 0

@@ -138,16 +138,18 @@ CHILD = textwrap.dedent("""
         kc._fsync_dir = lambda path: os.kill(os.getpid(), 9)  # files written into tmp/, not yet renamed
     while time.time() < float(os.environ.get("CHILD_START", "0")):
         time.sleep(0.005)
-    r = roller.build_op("add_relu", {"M": 5, "N": 37}, profile=False)
-    spec = ops.OPS["add_relu"]
-    full = ops.validate_shape("add_relu", {"M": 5, "N": 37}, "float32")
     import tvm
-    arrays = spec.inputs(full, "float32", np.random.default_rng(os.getpid()))
-    out = tvm.runtime.tensor(np.full((5, 37), np.nan, "float32"))
-    r.module["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
-    np.testing.assert_allclose(out.numpy(), spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
-    threads = tvm.get_global_func("runtime.NumThreads")()  # the pool started with the kernel's first run
-    print(r.report["cache"], r.report["cache_key"], threads, r.device.units.count)
+    spec = ops.OPS["add_relu"]
+    rows = [int(m) for m in os.environ.get("CHILD_ROWS", "5").split(",")]  # one kernel (key) per row count
+    for m in rows:
+        r = roller.build_op("add_relu", {"M": m, "N": 37}, profile=False)
+        full = ops.validate_shape("add_relu", {"M": m, "N": 37}, "float32")
+        arrays = spec.inputs(full, "float32", np.random.default_rng(os.getpid()))
+        out = tvm.runtime.tensor(np.full((m, 37), np.nan, "float32"))
+        r.module["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+        np.testing.assert_allclose(out.numpy(), spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
+        threads = tvm.get_global_func("runtime.NumThreads")()  # the pool started with the kernel's first run
+        print(r.report["cache"], r.report["cache_key"], threads, r.device.units.count, flush=True)
 """)
 
 
@@ -159,20 +161,23 @@ def _child(marker, env_extra, cache_root):
 
 
 @pytest.mark.build
-def test_processes_building_one_key_at_once_compile_it_once(cache_root, tmp_path):
+def test_processes_building_the_same_keys_at_once_compile_each_once(cache_root, tmp_path):
     marker = tmp_path / "compiles"
     start = str(time.time() + 4.0)  # all three past their imports, then they ask at the same moment
-    procs = [_child(marker, {"CHILD_START": start}, cache_root) for _ in range(3)]
+    orders = ["5,6", "6,5", "5,6"]  # two keys, met in different orders
+    procs = [_child(marker, {"CHILD_START": start, "CHILD_ROWS": rows}, cache_root) for rows in orders]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    results = sorted(o[0].split()[0] for o in outs)
-    assert results == ["hit", "hit", "miss"], outs
-    assert len({o[0].split()[1] for o in outs}) == 1  # one key
+    lines = [line.split() for o in outs for line in o[0].splitlines()]
+    assert len(lines) == 6 and len({line[1] for line in lines}) == 2
+    for key in {line[1] for line in lines}:
+        assert sorted(line[0] for line in lines if line[1] == key) == ["hit", "hit", "miss"], outs
+    # exactly one compile per key, counted outside the cache's own statistics
+    assert len(marker.read_text().split()) == 2
     # a kernel loaded from the cache runs on every core of the device, as a fresh build does
-    assert all(o[0].split()[2] == o[0].split()[3] for o in outs), outs
-    assert len(marker.read_text().split()) == 1  # exactly one compile, checked outside the cache's own stats
+    assert all(line[2] == line[3] for line in lines), outs
     st = kc.open_store().stats()
-    assert (st["misses"], st["hits"], st["entries"]) == (1, 2, 1)
+    assert (st["misses"], st["hits"], st["entries"]) == (2, 4, 2)
 
 
 def test_threads_building_one_key_at_once_compile_it_once(tmp_path):
@@ -312,7 +317,7 @@ def test_cli_cache_field_hit_and_out_from_a_hit(cache_root, capsys, tmp_path):
     assert code == 0 and len(rows) == 1 and rows[0]["op"] == OP and rows[0]["shape"] == SHAPE
     assert rows[0]["key"] == rep["cache_key"] and rows[0]["bytes"] > 1000
     code, out, _ = run(capsys, "cache", "list")
-    assert code == 0 and f"{OP} M=5,N=37 float32  top-1" in out
+    assert code == 0 and f"{OP} M=5,N=37 float32 on host  top-1" in out
     code, out, _ = run(capsys, "cache", "stats", "--json")
     st = json.loads(out)
     assert (st["entries"], st["hits"], st["misses"]) == (1, 2, 1) and st["location"] == str(cache_root)
@@ -363,3 +368,10 @@ def test_cache_warm_builds_each_line_once_and_checks_every_line_first(cache_root
     assert sorted(r["op"] for r in json.loads(out)) == ["add_relu", "pool2d"]
     assert {r["build_options"].get("profile") for r in json.loads(out)} == {False}
     assert [r["op_options"] for r in json.loads(out) if r["op"] == "pool2d"] == [{"kind": "avg"}]
+
+
+def test_the_test_session_never_uses_the_users_cache():
+    import platformdirs
+    root = kc.default_root().resolve()
+    assert not root.is_relative_to(Path(platformdirs.user_cache_dir("roller")).resolve())
+    assert os.environ[kc.CACHE_ENV] == str(kc.default_root())  # set by conftest for the whole session
