@@ -227,6 +227,8 @@ class LocalStore(Store):
             raise CorruptEntry(f"kernel cache entry {entry} cannot be read ({e.strerror or e})") from None
         try:
             meta = json.loads(meta_bytes)
+            if meta["library"] != f"{meta['library_sha256'][:16]}.so":  # never a path out of the entry
+                raise CorruptEntry(f"kernel cache entry {entry}: meta.json names library {meta['library']!r}")
             lib = entry / meta["library"]
             lib_bytes = lib.read_bytes()
             report_bytes = (entry / "report.json").read_bytes()
@@ -438,7 +440,8 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
             return (False, None) if entry is None else (True, load(entry))
         except CorruptEntry as e:
             problem = f"{e}; rebuilding it"
-        except Exception as e:  # passed its checksum but does not load (e.g. built against another runtime)
+        except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
+            # passed its checksum but does not load (TVM's errors are RuntimeErrors; a report without a plan)
             problem = f"kernel cache entry {key} does not load ({type(e).__name__}: {e}); rebuilding it"
         if not warned:
             warned = True
@@ -468,8 +471,9 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
         value, library, report = build()
         try:
             store.put(key, library, report, parts)
-        except OSError as e:
-            warn(f"kernel cache {store.location}: cannot store {key} ({e.strerror or e}); the kernel is not cached")
+        except (OSError, TypeError, ValueError) as e:  # full disk, read-only folder, a report JSON cannot hold
+            warn(f"kernel cache {store.location}: cannot store {key} ({type(e).__name__}: {e}); "
+                 f"the kernel is not cached")
         return "miss", value
     finally:
         lock.release()

@@ -234,7 +234,8 @@ def test_a_build_killed_midway_leaves_no_entry_and_the_next_caller_rebuilds(cach
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("damage", ["truncate-library", "flip-library", "flip-report", "garbage-meta"])
+@pytest.mark.parametrize("damage", ["truncate-library", "flip-library", "flip-report", "garbage-meta",
+                                    "valid-checksum-not-a-library"])
 def test_a_damaged_entry_is_detected_warned_about_once_and_rebuilt(cache_root, damage):
     first = build()
     entry = entries(cache_root)[0]
@@ -246,13 +247,21 @@ def test_a_damaged_entry_is_detected_warned_about_once_and_rebuilt(cache_root, d
         data = bytearray(f.read_bytes())
         data[len(data) // 2] ^= 0x10
         f.write_bytes(bytes(data))
-    else:
+    elif damage == "garbage-meta":
         (entry / "meta.json").write_bytes(b"\x00\xff garbage")
+    else:  # a whole, checksummed entry whose library is no library (as if built for another runtime)
+        store = kc.open_store()
+        fake = cache_root / "fake.so"
+        fake.write_bytes(b"not an ELF file")
+        meta = json.loads((entry / "meta.json").read_text())
+        store.put(entry.name, fake, json.loads((entry / "report.json").read_text()), meta["parts"])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         again = build()
     cache_warnings = [w for w in seen if issubclass(w.category, kc.CacheWarning)]
     assert len(cache_warnings) == 1 and "rebuilding" in str(cache_warnings[0].message), [str(w.message) for w in seen]
+    if damage == "valid-checksum-not-a-library":
+        assert "does not load" in str(cache_warnings[0].message)
     assert again.report["cache"] == "miss"
     check_numpy(again.module)
     assert build().report["cache"] == "hit"  # the rebuilt entry is whole
