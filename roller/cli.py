@@ -53,9 +53,10 @@ def _print_build(report: dict, saved: dict | None) -> None:
     print(f"{len(report['candidates'])} candidates ({n_ok} verified"
           + (f", {skipped} not built: the build budget of {report['build_budget']:g} s was spent" if skipped else "")
           + f"), chose #{report['chosen']}; "
-          f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s"
-          + (f" (from the kernel cache, built {report['cached_build_seconds']:.2f} s)" if report.get("cache") == "hit"
-             else ""))
+          + (f"from the kernel cache in {_fmt_seconds(report['build_seconds'])} (built in "
+             f"{report['cached_build_seconds']:.2f} s, construct {report['construct_seconds']:.3f} s)"
+             if report.get("cache") == "hit" else
+             f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s"))
     if saved:
         print(f"wrote {saved['library']} and {saved['report']}")
 
