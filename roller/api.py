@@ -87,7 +87,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
 
 
 def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
-           build_budget: float | None, cache: bool, options) -> BuildResult:
+           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
     """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
@@ -101,6 +101,8 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
               "shape": dict(shape) if shape is not None else {a.name: a.extent for a in expr.axes}}
     if options is not None:
         labels["options"] = dict(options)
+    if dtype is not None:
+        labels["dtype"] = dtype
 
     def compile_() -> BuildResult:
         inputs, reference = check()
@@ -157,7 +159,8 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
     kernel_s = prof.candidates[best].measured_seconds if profile else None
     report = {
         **labels,
-        "dtype": expr.dtype,
+        "dtype": labels.get("dtype", expr.dtype),  # what build_op was asked (int8), else the function's
+        "out_dtype": expr.dtype,  # what the kernel writes (an int8 reduction accumulates and stores int32)
         "device": dev.name,
         "device_calibrated": dev.calibrated,
         "construct_seconds": cons.seconds,
@@ -229,4 +232,4 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
         return inputs, spec.reference(inputs, full)
 
     return _build(func, device, topk, profile, check, progress, spec.name, full, build_budget, cache,
-                  spec.option_values)
+                  spec.option_values, dtype)

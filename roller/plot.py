@@ -87,7 +87,7 @@ def plot_roofline(report: Mapping, device: Device, path, source_level: str | Non
     path = Path(path)
     chosen = report["candidates"][report["chosen"]]
     units = chosen.get("units") or device.units.count
-    peak, bws = roofs(device, report["dtype"], units)
+    peak, bws = roofs(device, report.get("out_dtype", report["dtype"]), units)  # the dtype the model used
     pts = candidate_points(report)
 
     xs = [p["intensity"] for p in pts]

@@ -384,3 +384,15 @@ def test_the_test_session_never_uses_the_users_cache():
     root = kc.default_root().resolve()
     assert not root.is_relative_to(Path(platformdirs.user_cache_dir("roller")).resolve())
     assert os.environ[kc.CACHE_ENV] == str(kc.default_root())  # set by conftest for the whole session
+
+
+@pytest.mark.build
+def test_report_dtype_is_the_one_asked_for(cache_root, capsys):
+    code, out, err = run(capsys, "build", "matmul", "--shape", "M=3,N=17,K=5", "--dtype", "int8", "--no-profile",
+                         "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert (rep["dtype"], rep["out_dtype"], rep["verified"]) == ("int8", "int32", True)
+    code, out, err = run(capsys, "build", "matmul", "--shape", "M=3,N=17,K=5", "--dtype", "int8", "--no-profile",
+                         "--json")
+    assert (json.loads(out)["cache"], json.loads(out)["dtype"]) == ("hit", "int8")
