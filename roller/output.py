@@ -13,6 +13,17 @@ class OutputError(RollerError):
     """An output folder or file cannot be written."""
 
 
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask would, racing other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Writes ``data`` to ``path`` through a synced temp file in the same folder and an atomic rename:
     readers see the old file or the whole new one, never a part."""
@@ -20,6 +31,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file is the user's, as open() would make it
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

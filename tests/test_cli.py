@@ -116,3 +116,17 @@ def test_out_that_is_a_file_fails_before_building(capsys, tmp_path):
     f.write_text("x")
     code, out, err = run(capsys, "build", "matmul", "--shape", "M=4,N=4,K=4", "--out", str(f / "sub"))
     assert code != 0 and err.startswith("roller: error: --out") and err.count("\n") == 1
+
+
+def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
+    import os
+
+    from roller.output import atomic_write_bytes
+    old = os.umask(0o027)
+    try:
+        atomic_write_bytes(tmp_path / "a.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640
+    atomic_write_bytes(tmp_path / "b.json", b"{}")
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o666 & ~old
