@@ -1,4 +1,8 @@
-"""Test-session defaults: the kernel cache lives in a temp dir, never in the user's cache."""
+"""Test-session defaults: the kernel cache lives in a temp dir, never in the user's cache.
+
+The session shares that cache: a test about how kernels are built (workers, budgets, crashes) or one that
+patches the policy or code generator and then builds must pass ``cache=False`` / ``--no-cache`` (the key
+covers roller's source files, not patches made at run time), or a hit would skip what it tests."""
 import os
 
 import pytest

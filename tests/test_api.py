@@ -113,12 +113,13 @@ def test_bad_inputs_raise_clear_errors():
 
 @pytest.mark.build
 def test_script_without_main_guard_builds(tmp_path):
-    """Worker processes must not re-run the caller's script (no `if __name__ == "__main__"` needed)."""
+    """Worker processes must not re-run the caller's script (no `if __name__ == "__main__"` needed).
+    No kernel cache: a hit would start no workers."""
     import subprocess
     import sys
     script = tmp_path / "user_script.py"
     script.write_text("import roller\n"
-                      "r = roller.build_op('matmul', {'M': 20, 'N': 33, 'K': 9}, topk=2)\n"
+                      "r = roller.build_op('matmul', {'M': 20, 'N': 33, 'K': 9}, topk=2, cache=False)\n"
                       "print('verified', r.report['verified'], len(r.report['candidates']))\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
