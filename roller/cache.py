@@ -157,7 +157,8 @@ class Store(ABC):
 
     @abstractmethod
     def lock(self, key: str, timeout: float = LOCK_TIMEOUT_SECONDS) -> AbstractContextManager:
-        """A lock held while ``key`` is built (across threads and processes); filelock.Timeout past ``timeout``."""
+        """A lock (acquire / release) held while ``key`` is built, across threads, processes (and machines,
+        for a shared store); acquire raises TimeoutError past ``timeout``, OSError if the store is unusable."""
 
     @abstractmethod
     def entries(self) -> list[EntryInfo]:
@@ -219,7 +220,7 @@ class LocalStore(Store):
         meta_path = entry / "meta.json"
         try:
             meta_bytes = meta_path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (the latter: the cache root is not a folder)
             if entry.is_dir():  # publication is one rename: a folder without its meta was damaged
                 raise CorruptEntry(f"kernel cache entry {entry} has no meta.json") from None
             return None
@@ -453,12 +454,10 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
     if found:
         store.record("hit")
         return "hit", value
-    from filelock import Timeout
-
     try:
         lock = store.lock(key)
         lock.acquire()
-    except (Timeout, OSError) as e:
+    except OSError as e:  # TimeoutError (filelock.Timeout) included
         warn(f"kernel cache {store.location}: cannot lock {key} ({type(e).__name__}: {e}); building without the cache")
         value, _, _ = build()
         return "miss", value

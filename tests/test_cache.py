@@ -208,6 +208,33 @@ def test_threads_building_one_key_at_once_compile_it_once(tmp_path):
     assert all(v == lib.read_bytes() for s, v in results if s == "hit")
 
 
+def test_a_lock_held_too_long_or_an_unwritable_cache_builds_without_it(tmp_path):
+    class Impatient(kc.LocalStore):
+        def lock(self, key, timeout=kc.LOCK_TIMEOUT_SECONDS):
+            return super().lock(key, timeout=0.2)
+
+    store = Impatient(tmp_path / "c")
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"library")
+    built = []
+
+    def build():
+        built.append(1)
+        return "fresh", str(lib), {"op": "x"}
+
+    with store.lock("k" * 40):  # another builder holds the key (for longer than this caller waits)
+        with pytest.warns(kc.CacheWarning, match="cannot lock .* building without the cache"):
+            assert kc.get_or_build(store, "k" * 40, {}, build, lambda e: "cached") == ("miss", "fresh")
+    assert built == [1] and store.entries() == []
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with warnings.catch_warnings(record=True) as seen:  # the root is a file: one warning, a build
+        warnings.simplefilter("always")
+        assert kc.get_or_build(kc.LocalStore(blocked / "c"), "k" * 40, {}, build, lambda e: "cached")[0] == "miss"
+    assert len(seen) == 1 and "building without the cache" in str(seen[0].message)
+    assert built == [1, 1]
+
+
 @pytest.mark.build
 @pytest.mark.parametrize("mode", ["hang", "die-publishing"])
 def test_a_build_killed_midway_leaves_no_entry_and_the_next_caller_rebuilds(cache_root, tmp_path, mode):
@@ -396,3 +423,4 @@ def test_report_dtype_is_the_one_asked_for(cache_root, capsys):
     code, out, err = run(capsys, "build", "matmul", "--shape", "M=3,N=17,K=5", "--dtype", "int8", "--no-profile",
                          "--json")
     assert (json.loads(out)["cache"], json.loads(out)["dtype"]) == ("hit", "int8")
+
