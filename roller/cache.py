@@ -306,17 +306,21 @@ class LocalStore(Store):
                 continue
 
     def _sizes(self) -> list[tuple[float, int, str]]:
-        """(last use, bytes, key) of every entry that has a readable meta.json."""
+        """(last use, bytes, key) of every entry; a damaged one counts its files' sizes and its folder's
+        mtime; one removed while this runs is left out."""
         out = []
         if not self._entries.is_dir():
             return out
         for d in self._entries.iterdir():
             meta = d / "meta.json"
             try:
-                st = meta.stat()
-                size = int(json.loads(meta.read_bytes())["bytes"])
-            except (OSError, ValueError, KeyError, TypeError):
-                size, st = sum(f.stat().st_size for f in d.glob("*") if f.is_file()), d.stat()
+                try:
+                    st = meta.stat()
+                    size = int(json.loads(meta.read_bytes())["bytes"])
+                except (ValueError, KeyError, TypeError, OSError):
+                    size, st = sum(f.stat().st_size for f in d.iterdir() if f.is_file()), d.stat()
+            except OSError:  # discarded meanwhile
+                continue
             out.append((st.st_mtime, size, d.name))
         return out
 
