@@ -3,6 +3,7 @@ SIMD width, cache sizes (sysfs) and clock (/proc/cpuinfo) put in. Plain file rea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
@@ -82,7 +83,15 @@ def _clock_ghz(info: dict[str, str]) -> float | None:
 
 
 def host_device() -> Device:
-    """The host CPU as a Device (see module docstring). DeviceSpecError if it is not a supported x86-64."""
+    """The host CPU as a Device (see module docstring). DeviceSpecError if it is not a supported x86-64.
+
+    Detected once per process and affinity mask (the spec's YAML, /proc and sysfs cost ~6 ms a call,
+    most of a kernel-cache hit)."""
+    return _detect_host(cpu_count())
+
+
+@functools.lru_cache(maxsize=8)
+def _detect_host(cores: int) -> Device:
     machine = platform.machine()
     flags = cpu_flags()
     specs = shipped_specs()
@@ -92,7 +101,6 @@ def host_device() -> Device:
     base_name = "x86-avx512" if "avx512f" in flags else "x86-avx2"
     base = load_spec_file(specs[base_name])
     info = _cpuinfo()
-    cores = cpu_count()
     clock = _clock_ghz(info) or base.units.clock_ghz
     ratio = clock / base.units.clock_ghz if base.units.clock_ghz else 1.0
     # Peaks and per-core cache bandwidths scale with the clock (bytes and flops per cycle are the core's).
