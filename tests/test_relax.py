@@ -83,6 +83,14 @@ def test_transformer_block_matches_onnxruntime(transformer):
     assert gelu.plan and gelu.plan["tiles"], gelu
 
 
+def test_small_cnn_in_the_models_nchw_layout(device):
+    model = onnx_models.small_cnn(size=16)
+    cm = roller.compile_model(model, device, layout="NCHW")
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    by = _scheduled_by(cm)
+    assert all(by[n] == "roller" for n in by if "conv2d" in n) and not any("transpose" in n for n in by), by
+
+
 def test_other_seed_still_matches(transformer):
     model, cm = transformer
     assert frontend.check_against_onnxruntime(cm, model, seed=7, time_it=False)["matches"]
