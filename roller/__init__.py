@@ -19,11 +19,12 @@ __all__ = [
 ]
 
 
-def compile_model(model, device=None, inputs=None, profile=False, topk=10, layout="NHWC"):
+def compile_model(model, device=None, inputs=None, profile=False, topk=10, layout="NHWC", fast_math=True):
     """Compiles a whole model (an ONNX file / ModelProto, or a Relax IRModule) with every fused function
     scheduled, roller first: see :func:`roller.frontend.compile_model` (imports TVM and onnx on use)."""
     from .frontend import compile_model as _compile_model
-    return _compile_model(model, device=device, inputs=inputs, profile=profile, topk=topk, layout=layout)
+    return _compile_model(model, device=device, inputs=inputs, profile=profile, topk=topk, layout=layout,
+                          fast_math=fast_math)
 
 
 def __getattr__(name):

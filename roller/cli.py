@@ -123,7 +123,7 @@ def cmd_compile(args) -> int:
     if args.out:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
-                                layout=args.layout)
+                                layout=args.layout, fast_math=not args.exact_math)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -347,6 +347,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--topk", type=int, default=10, help="plans profiled per roller function (default 10)")
     c.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
                    help="convolutions' activation layout (default NHWC; NCHW keeps the model's)")
+    c.add_argument("--exact-math", action="store_true",
+                   help="keep erf/exp/tanh/softmax exact (default: TVM's fast approximations, within ~1e-7)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--out", metavar="DIR", help="write the model library (relax.VirtualMachine) and the report")
     c.set_defaults(func=cmd_compile)

@@ -78,7 +78,7 @@ def test_transformer_block_matches_onnxruntime(transformer):
     by = _scheduled_by(cm)
     assert "none" not in by.values()
     assert all(by[n] == "roller" for n in by if "matmul" in n), by  # QKV, scores, GELU MLP, residuals
-    assert by["softmax"] == by["layer_norm"] == "dlight.Reduction", by
+    assert by["fast_softmax"] == by["layer_norm"] == "dlight.Reduction", by
     gelu = next(r for r in cm.report if "erf" in r.name)
     assert gelu.plan and gelu.plan["tiles"], gelu
 
@@ -89,6 +89,14 @@ def test_small_cnn_in_the_models_nchw_layout(device):
     assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
     by = _scheduled_by(cm)
     assert all(by[n] == "roller" for n in by if "conv2d" in n) and not any("transpose" in n for n in by), by
+
+
+def test_exact_math_matches_onnxruntime(device):
+    model = onnx_models.transformer_block()
+    cm = roller.compile_model(model, device, fast_math=False)
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    names = [r.name for r in cm.report]
+    assert "softmax" in names and any("_erf_" in n for n in names) and not any("fast" in n for n in names), names
 
 
 def test_other_seed_still_matches(transformer):
