@@ -19,12 +19,11 @@ __all__ = [
 ]
 
 
-def compile_model(model, device=None, inputs=None, profile=False, topk=10, layout="NHWC", fast_math=True):
+def compile_model(model, device=None, **options):
     """Compiles a whole model (an ONNX file / ModelProto, or a Relax IRModule) with every fused function
-    scheduled, roller first: see :func:`roller.frontend.compile_model` (imports TVM and onnx on use)."""
+    scheduled, roller first; the options are :func:`roller.frontend.compile_model`'s (imports TVM on use)."""
     from .frontend import compile_model as _compile_model
-    return _compile_model(model, device=device, inputs=inputs, profile=profile, topk=topk, layout=layout,
-                          fast_math=fast_math)
+    return _compile_model(model, device, **options)
 
 
 def __getattr__(name):

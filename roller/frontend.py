@@ -194,14 +194,15 @@ def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
     main = mod["main"]
     out = {}
     for p in main.params:
-        sinfo = p.struct_info
-        if not isinstance(sinfo, relax.TensorStructInfo) or sinfo.shape is None:
-            raise ModelError(f"parameter {p.name_hint} of main is not a tensor with a known shape")
-        dims = list(sinfo.shape.values)
+        ty = p.ty
+        shape = getattr(ty, "shape", None)
+        dims = getattr(shape, "values", None)
+        if not isinstance(ty, relax.TensorType) or dims is None:
+            raise ModelError(f"parameter {p.name} of main is not a tensor with a known shape")
         if not all(isinstance(d, tirx.IntImm) for d in dims):
-            raise ModelError(f"parameter {p.name_hint} of main has a symbolic shape {dims}: bind it first "
+            raise ModelError(f"parameter {p.name} of main has a symbolic shape {list(dims)}: bind it first "
                              f"(relax.transform.BindSymbolicVars)")
-        out[p.name_hint] = (tuple(int(d) for d in dims), str(sinfo.dtype))
+        out[str(p.name)] = (tuple(int(d) for d in dims), str(ty.dtype))
     return out
 
 
@@ -225,10 +226,56 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
         raise ModelError(f"layout {layout!r}: use NHWC or NCHW")
     convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
     fast = [relax.transform.FastMathTransform()] if fast_math else []
-    passes = (convert + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
+    passes = (convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     with target:
         return tvm.transform.Sequential(passes)(mod)
+
+
+def _layout_folder():
+    """A Relax mutator folding ``permute_dims`` / ``reshape`` of constants with numpy."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Fold(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+            if name not in ("relax.permute_dims", "relax.reshape"):
+                return call
+            arg = call.args[0]
+            if isinstance(arg, relax.Var):
+                arg = self.lookup_binding(arg)
+            if not isinstance(arg, tvm.ir.expr.Constant):
+                return call
+            data = arg.value.numpy()
+            if name == "relax.permute_dims":
+                axes = call.attrs.axes
+                out = np.transpose(data, None if axes is None else [int(a) for a in axes])
+            else:
+                dims = getattr(call.args[1], "values", None)  # a ShapeExpr
+                if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+                    return call
+                out = data.reshape([int(d) for d in dims])
+            return relax.const(np.ascontiguousarray(out), str(data.dtype))
+
+    return _Fold
+
+
+def _fold_layout_constants(mod, _ctx):
+    """Folds the weight transposes ConvertLayout inserts (and reshapes of constants) with numpy before
+    legalization: TVM's FoldConstant builds and runs one unscheduled kernel per constant instead
+    (ResNet-50: 7.1 s of a 25 s compile)."""
+    from tvm import relax
+
+    folder = _layout_folder()(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            folder.builder_.update_func(gv, folder.visit_expr(func))
+    return folder.builder_.get()
 
 
 def build_module(mod, target):

@@ -99,6 +99,19 @@ def test_exact_math_matches_onnxruntime(device):
     assert "softmax" in names and any("_erf_" in n for n in names) and not any("fast" in n for n in names), names
 
 
+def test_relax_module_input(device):
+    """A Relax IRModule (what from_exported_program gives) compiles like an ONNX model."""
+    model = onnx_models.small_cnn(size=16)
+    mod = frontend.import_onnx(model, frontend.onnx_inputs(model))
+    cm = roller.compile_model(mod, device, name="cnn_relax")
+    assert cm.inputs == {"x": ((1, 3, 16, 16), "float32")}
+    feeds = cm.random_inputs()
+    reference = frontend.onnxruntime_session(model, 1).run(None, feeds)
+    assert frontend.compare(cm.run(feeds), reference)["matches"]
+    with pytest.raises(roller.ModelError, match="--input only with an ONNX model"):
+        roller.compile_model(mod, device, inputs={"x": (1, 3, 16, 16)})
+
+
 def test_other_seed_still_matches(transformer):
     model, cm = transformer
     assert frontend.check_against_onnxruntime(cm, model, seed=7, time_it=False)["matches"]
