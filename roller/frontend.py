@@ -33,8 +33,11 @@ from .errors import ModelError
 # than a single kernel's check (roller.profile.TOLERANCE): a model chains dozens of reductions whose
 # summation order differs from onnxruntime's.
 MODEL_TOLERANCE = {"float64": (1e-6, 1e-6), "float32": (1e-3, 1e-3), "float16": (2e-2, 2e-2)}
-REPEATS = 9                 # timed repeats (median)
+REPEATS = 7                 # timed repeats (median)
 TARGET_REPEAT_SECONDS = 0.02  # each repeat runs the model about this long
+# pause before each timed repeat: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
+# take the cores from whatever runs next (on 2 cores roller ran ~2x slower right after onnxruntime)
+SETTLE_SECONDS = 0.1
 
 
 @dataclass
@@ -363,11 +366,8 @@ def _to_numpy(result) -> list[np.ndarray]:
 
 
 def onnxruntime_session(proto, threads: int):
-    """An onnxruntime CPU session with ``threads`` intra-op threads (the device's cores, as roller's).
-
-    Its threads do not spin-wait after a run (``session.intra_op.allow_spinning = 0``): timed in
-    alternation with roller in one process, spinning threads would take the cores from roller's
-    threads (measured on 2 cores: ~2x slower roller runs), and roller's would do the same to it."""
+    """An onnxruntime CPU session with ``threads`` intra-op threads (the device's cores, as roller's),
+    its other options at their defaults."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -375,7 +375,6 @@ def onnxruntime_session(proto, threads: int):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
@@ -398,7 +397,8 @@ def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict
 
 def median_seconds(fns: Mapping[str, Callable[[], Any]], repeats: int = REPEATS) -> dict[str, float]:
     """Median seconds per call of each callable; the callables are timed in alternation, repeat by repeat,
-    so that drift of the machine hits them alike. Each repeat runs a callable ~TARGET_REPEAT_SECONDS."""
+    so that drift of the machine hits them alike, each repeat after a pause of SETTLE_SECONDS. Each
+    repeat runs a callable ~TARGET_REPEAT_SECONDS."""
     number = {}
     for k, fn in fns.items():
         fn()  # warm-up (first-call costs: thread pools, caches)
@@ -408,6 +408,7 @@ def median_seconds(fns: Mapping[str, Callable[[], Any]], repeats: int = REPEATS)
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
+            time.sleep(SETTLE_SECONDS)
             t = time.perf_counter()
             for _ in range(number[k]):
                 fn()
