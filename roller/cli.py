@@ -123,7 +123,7 @@ def cmd_compile(args) -> int:
     if args.out:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
-                                layout=args.layout, fast_math=not args.exact_math)
+                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -349,6 +349,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="convolutions' activation layout (default NHWC; NCHW keeps the model's)")
     c.add_argument("--exact-math", action="store_true",
                    help="keep erf/exp/tanh/softmax exact (default: TVM's fast approximations, within ~1e-7)")
+    c.add_argument("--verify", action="store_true",
+                   help="check each scheduled function against TVM's unscheduled build (falls back if wrong)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--out", metavar="DIR", help="write the model library (relax.VirtualMachine) and the report")
     c.set_defaults(func=cmd_compile)

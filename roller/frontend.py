@@ -88,7 +88,7 @@ class CompiledModel:
         missing = [n for n in self.inputs if n not in inputs]
         if missing:
             raise ModelError(f"{self.name}: no value for input(s) {', '.join(missing)}")
-        return _to_numpy(self.run_fn(inputs)())
+        return outputs_to_numpy(self.run_fn(inputs)())
 
     def export(self, directory: str | os.PathLike) -> dict[str, str]:
         """Writes ``<name>.so`` (load with ``tvm.runtime.load_module`` and run with
@@ -299,7 +299,7 @@ def build_module(mod, target):
 
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
                   profile: bool = False, topk: int = 10, name: str | None = None,
-                  layout: str = "NHWC", fast_math: bool = True) -> CompiledModel:
+                  layout: str = "NHWC", fast_math: bool = True, verify: bool = False) -> CompiledModel:
     """Compiles a whole model for ``device`` (default: this machine).
 
     ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
@@ -308,7 +308,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     the frontend's NCHW: strided NCHW convolutions gather along the vector axis); ``fast_math`` uses
     TVM's approximations of erf, exp, tanh and softmax (see :func:`legalize_and_fuse`). Every fused function
     is scheduled by :class:`roller.relax.ScheduleModule`; with ``profile`` roller's functions use the best
-    of the top-``topk`` plans, timed, instead of the model's first plan.
+    of the top-``topk`` plans, timed, instead of the model's first plan; with ``verify`` each scheduled
+    function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
     """
     import tvm
 
@@ -333,7 +334,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     mod = legalize_and_fuse(mod, target, layout, fast_math)
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
-    sched = ScheduleModule(dev, profile=profile, topk=topk)
+    sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify)
     mod = sched(mod)
     seconds["schedule"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -359,10 +360,11 @@ def random_arrays(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
     return out
 
 
-def _to_numpy(result) -> list[np.ndarray]:
+def outputs_to_numpy(result) -> list[np.ndarray]:
+    """A VirtualMachine's result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(result, "numpy"):
         return [result.numpy()]
-    return [x for r in result for x in _to_numpy(r)]
+    return [x for r in result for x in outputs_to_numpy(r)]
 
 
 def onnxruntime_session(proto, threads: int):

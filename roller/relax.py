@@ -236,11 +236,16 @@ class ScheduleModule:
 
     ``rules`` defaults to :func:`default_rules`. Functions are scheduled in name order, so the report
     and the reuse of identical functions (structural hash and equality) do not depend on dict order.
+    With ``verify`` every scheduled function with static shapes is built and run on random inputs next to
+    TVM's build of the unscheduled function (:func:`check_schedule`); a schedule that disagrees is
+    declined and the next rule tried (two builds per distinct function: ~0.1-0.3 s each).
     """
 
-    def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10):
+    def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,
+                 verify: bool = False):
         self.device = device
         self.rules = rules if rules is not None else default_rules(profile, topk)
+        self.verify = verify
         self.report: list[FunctionReport] = []
 
     def __call__(self, mod):
@@ -268,6 +273,9 @@ class ScheduleModule:
             scheduled, by, rule_used = None, "none", None
             for rule in self.rules:
                 sch, why = rule.attempt(func, self.device)
+                if sch is not None and self.verify:
+                    why = check_schedule(func, sch.mod["main"], self.device)
+                    sch = None if why else sch
                 if sch is not None:
                     scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
                     by, rule_used = rule.name, rule
@@ -290,9 +298,51 @@ class ScheduleModule:
         return out
 
 
-def schedule_module(mod, device: Device, profile: bool = False, topk: int = 10):
+def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
+    """"" when ``scheduled`` computes what ``func`` computes, else why not (one line).
+
+    Both are built for the device and run on the same random contents of every buffer parameter (the
+    outputs' too, so an output element the schedule forgets to write shows); afterwards every buffer must
+    agree within roller.profile.TOLERANCE (exactly for integers). Functions with symbolic shapes or
+    scalar parameters are not checked ("")."""
+    import numpy as np
+    import tvm
+    from tvm import tirx
+
+    from .profile import TOLERANCE
+    from .tvmutil import target_for
+
+    params = list(func.params)
+    if not all(isinstance(getattr(p, "ty", None), tirx.buffer.BufferType)
+               and all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
+        return ""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in params:
+        shape, dtype = tuple(int(d) for d in p.shape), str(p.dtype)
+        arrays.append(rng.uniform(-1, 1, shape).astype(dtype) if "float" in dtype
+                      else rng.integers(0, 4, shape).astype(dtype))
+    target, dev = target_for(device), tvm.cpu()
+    results = []
+    for f in (func, scheduled):
+        try:
+            ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
+        except _schedule_errors() as e:
+            return f"does not build: {_first_line(e)}"
+        bufs = [tvm.runtime.tensor(a.copy(), dev) for a in arrays]
+        ex["main"](*bufs)
+        results.append([b.numpy() for b in bufs])
+    for p, want, got in zip(params, *results):
+        rtol, atol = TOLERANCE.get(str(p.dtype), (0, 0))
+        if not np.allclose(got, want, rtol=rtol, atol=atol):
+            err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+            return f"wrong result: buffer {p.name} differs from the unscheduled build by up to {err:.3g}"
+    return ""
+
+
+def schedule_module(mod, device: Device, profile: bool = False, topk: int = 10, verify: bool = False):
     """(scheduled copy of ``mod``, report list): :class:`ScheduleModule` with the default rules."""
-    sched = ScheduleModule(device, profile=profile, topk=topk)
+    sched = ScheduleModule(device, profile=profile, topk=topk, verify=verify)
     out = sched(mod)
     return out, sched.report
 

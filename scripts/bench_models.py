@@ -61,7 +61,7 @@ def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
         out = vm["main"](*args)
         times.append(time.perf_counter() - t)
     return {"compile_seconds": compile_s, "latency_seconds": statistics.median(times),
-            "outputs": frontend._to_numpy(out)}
+            "outputs": frontend.outputs_to_numpy(out)}
 
 
 def bench(name: str, proto, args) -> dict:

@@ -302,6 +302,46 @@ def test_generic_rule_parallel_and_vectorized(device):
     np.testing.assert_allclose(y.numpy(), x.T * 2)
 
 
+def test_verify_declines_a_wrong_schedule(device):
+    """With verify, a rule whose schedule computes something else is declined and the next rule runs."""
+    import tvm
+    from tvm import te
+
+    from roller.relax import Rule
+
+    a = te.placeholder((16, 64), name="a")
+    right = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 1.0, name="b")])
+    wrong = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 2.0, name="b")])
+
+    class Wrong(Rule):
+        name = "wrong"
+
+        def attempt(self, func, dev):
+            return tvm.s_tir.Schedule(wrong), ""
+
+    mod = tvm.IRModule({"f": right})
+    sched = ScheduleModule(device, rules=[Wrong(), GenericRule()], verify=True)
+    out = sched(mod)
+    (rep,) = sched.report
+    assert rep.scheduled_by == "generic" and "wrong result" in rep.declined["wrong"], rep
+    assert is_scheduled(out["f"])
+    ex = tvm.compile(tvm.IRModule({"main": out["f"].with_attr("global_symbol", "main")}), "llvm")
+    x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
+    y = tvm.runtime.empty((16, 64), "float32", tvm.cpu())
+    ex["main"](tvm.runtime.tensor(x, tvm.cpu()), y)
+    np.testing.assert_allclose(y.numpy(), x + 1, rtol=1e-6)
+    unchecked = ScheduleModule(device, rules=[Wrong(), GenericRule()])
+    unchecked(mod)
+    assert unchecked.report[0].scheduled_by == "wrong"  # what verify is for
+
+
+def test_verify_passes_roller_schedules(device):
+    model = onnx_models.small_cnn(size=16)
+    cm = roller.compile_model(model, device, verify=True)
+    assert all(r.scheduled_by == "roller" for r in cm.report), [(r.name, r.declined) for r in cm.report]
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
 def test_roller_rule_declines_with_reason(device):
     from roller.relax import RollerRule
     from tvm import te
