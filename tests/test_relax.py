@@ -269,6 +269,25 @@ def test_fused_function_against_numpy(case, device):
     assert all(r.scheduled_by != "none" for r in cm.report)
 
 
+def test_multi_output_function(device):
+    """Split gives one function with two outputs: roller declines it (one output per operator), a
+    fallback schedules it, both outputs are right."""
+    x = np.random.default_rng(4).normal(size=(2, 10, 32)).astype(np.float32)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 10, 16]) for n in ("y0", "y1")]
+    split = numpy_helper.from_array(np.array([16, 16], np.int64), "split")
+    model = helper.make_model(helper.make_graph([helper.make_node("Split", ["x", "split"], ["y0", "y1"], axis=2)],
+                                                "g", ins, outs, initializer=[split]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cm = roller.compile_model(model, device)
+    y0, y1 = cm.run({"x": x})
+    np.testing.assert_array_equal(y0, x[..., :16])
+    np.testing.assert_array_equal(y1, x[..., 16:])
+    (rep,) = [r for r in cm.report if "split" in r.name]
+    assert rep.scheduled_by not in ("roller", "none") and "output" in rep.reason, rep
+
+
 def test_profiled_plan_is_used_and_correct(device):
     rng = np.random.default_rng(2)
     x, w = rng.normal(size=(16, 64)).astype(np.float32), rng.normal(size=(64, 48))
