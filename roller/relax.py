@@ -193,9 +193,8 @@ class GenericRule(Rule):
         spatial = loops[:lead]
         if info.is_injective():
             inner = spatial[-1]
-            ext = sch.get(inner).extent
-            if isinstance(ext, tvm_int_types()) and int(ext) > 1:
-                n = int(ext)
+            n = _const_extent(sch, inner)
+            if n is not None and n > 1:
                 if n > lanes and n % lanes == 0:
                     spatial[-1], vec = sch.split(inner, [None, lanes])
                     sch.vectorize(vec)
@@ -207,16 +206,17 @@ class GenericRule(Rule):
         if not spatial:
             return
         outer = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        ext = sch.get(outer).extent
-        if not isinstance(ext, tvm_int_types()) or int(ext) > 1:
+        n = _const_extent(sch, outer)
+        if n is None or n > 1:  # a symbolic extent (a batch of n) is parallel too
             sch.parallel(outer)
 
 
-def tvm_int_types() -> tuple[type, ...]:
-    """Types a constant loop extent has in TVM's Python API (an IntImm)."""
+def _const_extent(sch, loop) -> int | None:
+    """The loop's extent, None when it is symbolic."""
     from tvm import tirx
 
-    return (tirx.IntImm,)
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
 
 
 def default_rules(profile: bool = False, topk: int = 10) -> list[Rule]:
