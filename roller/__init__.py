@@ -5,7 +5,7 @@ imported only when a function is analysed, scheduled, built or profiled.
 """
 from .api import BuildResult, analyze, build, build_op, construct
 from .device import Device, load_device
-from .errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, RollerError,
+from .errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, ModelError, RollerError,
                      UnsupportedExpressionError)
 from .expr import Expr, fuse_axes
 from .rprogram import RProgram
@@ -15,8 +15,15 @@ __version__ = "0.1.0"
 __all__ = [
     "BuildResult", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
     "RProgram", "RollerError", "DeviceSpecError", "UnsupportedExpressionError", "InvalidShapeError",
-    "BuildError", "CalibrationError",
+    "BuildError", "CalibrationError", "ModelError", "compile_model",
 ]
+
+
+def compile_model(model, device=None, **options):
+    """Compiles a whole model (an ONNX file / ModelProto, or a Relax IRModule) with every fused function
+    scheduled, roller first; the options are :func:`roller.frontend.compile_model`'s (imports TVM on use)."""
+    from .frontend import compile_model as _compile_model
+    return _compile_model(model, device, **options)
 
 
 def __getattr__(name):

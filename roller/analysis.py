@@ -108,12 +108,13 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
     bctx = f"{ctx}, block {main_name!r}"
     axes, var_axis = _axes(main)
     store = main.body
+    simplify = _simplifier(main)
     inputs: dict[str, TensorAccess] = {}
     for load in _loads(store.value):
         if load.source.same_as(store.buffer):
             continue  # the accumulator: the output, not an input
-        _add_input(inputs, _access(load.source, load.indices, var_axis, bctx), bctx)
-    output = _access(store.buffer, store.indices, var_axis, bctx)
+        _add_input(inputs, _access(load.source, load.indices, var_axis, bctx, simplify), bctx)
+    output = _access(store.buffer, store.indices, var_axis, bctx, simplify)
     kinds = {a.name: a.kind for a in axes}
     for d, dim in enumerate(output.index):
         if any(kinds[a] != SPATIAL for a, _ in dim):
@@ -328,13 +329,29 @@ def _axes(block) -> tuple[tuple[Axis, ...], dict]:
     return tuple(axes), var_axis
 
 
-def _access(buf, indices, var_axis: dict, bctx: str) -> TensorAccess:
-    """The TensorAccess of ``buf[indices]``: per dimension the integer coefficient of each axis."""
+def _simplifier(block):
+    """Simplifies an index knowing the block's iter var ranges: inlined broadcasts and reshapes leave
+    ``(i + 0 + 0) % 16`` over an axis of extent 16, which is plainly ``i``."""
+    from tvm import sym
+
+    analyzer = sym.Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    return analyzer.simplify
+
+
+def _access(buf, indices, var_axis: dict, bctx: str, simplify=None) -> TensorAccess:
+    """The TensorAccess of ``buf[indices]``: per dimension the integer coefficient of each axis.
+    An index that is not affine as written is retried after ``simplify`` (from :func:`_simplifier`),
+    which removes what the axes' ranges make trivial; affine indices are kept as written (simplifying
+    would drop axes of extent 1 from them)."""
     from tvm import sym, tirx
 
     variables = list(var_axis)
     index = []
     for d, idx in enumerate(indices):
+        if simplify is not None and isinstance(idx, tirx.Expr) and not _affine(idx, variables):
+            idx = simplify(idx)
         where = f"{bctx}: buffer {buf.name} dimension {d} index {idx}"
         if not isinstance(idx, tirx.Expr) or isinstance(idx, (tirx.Ramp, tirx.Broadcast)):
             raise UnsupportedExpressionError(f"{where} is a vector or opaque index; pass an unscheduled function")
@@ -348,6 +365,13 @@ def _access(buf, indices, var_axis: dict, bctx: str) -> TensorAccess:
                                              f"symbolic strides are not): rewrite the operator with affine indices")
         index.append(tuple((var_axis[v], int(c)) for v, c in zip(variables, coeffs[:-1]) if int(c) != 0))
     return TensorAccess(str(buf.name), tuple(int(s) for s in buf.shape), str(buf.dtype), tuple(index))
+
+
+def _affine(idx, variables) -> bool:
+    from tvm import sym, tirx
+
+    coeffs = list(sym.detect_linear_equation(idx, variables))
+    return bool(coeffs) and all(isinstance(c, tirx.IntImm) for c in coeffs)
 
 
 def _add_input(inputs: dict, access: TensorAccess, bctx: str) -> None:
@@ -388,10 +412,11 @@ def _fold_epilogue(epi, store, var_axis: dict, inputs: dict, ectx: str) -> Tenso
         if iv.var not in epi_map:
             raise UnsupportedExpressionError(f"{ectx}: axis {iv.var} does not index {acc.name}; the epilogue must be "
                                              f"elementwise over the main block's output")
+    simplify = _simplifier(epi)
     for load in loads:
         if not load.source.same_as(acc):
-            _add_input(inputs, _access(load.source, load.indices, epi_map, ectx), ectx)
-    out = _access(epi.body.buffer, epi.body.indices, epi_map, ectx)
+            _add_input(inputs, _access(load.source, load.indices, epi_map, ectx, simplify), ectx)
+    out = _access(epi.body.buffer, epi.body.indices, epi_map, ectx, simplify)
     if out.shape != tuple(int(s) for s in acc.shape) or out.index != tuple(((a, 1),) for a in out_axes):
         raise UnsupportedExpressionError(f"{ectx}: writes {out.name} in another layout than {acc.name}; roller fuses "
                                          f"elementwise epilogues only")

@@ -1,4 +1,5 @@
-"""The ``roller`` command: ``roller build``, ``roller devices``, ``roller calibrate``, ``roller cache``.
+"""The ``roller`` command: ``roller build``, ``roller compile``, ``roller devices``, ``roller calibrate``,
+``roller cache``.
 
 Errors exit non-zero with one line on stderr (``--debug`` shows the traceback).
 """
@@ -93,6 +94,66 @@ def cmd_build(args) -> int:
         from .plot import plot_build
         print(f"wrote the roofline {plot_build(result, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _parse_inputs(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` items -> {name: shape}; ModelError for a malformed item."""
+    from .errors import ModelError
+
+    out = {}
+    for item in items or []:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x")) if sep and name and dims else None
+        except ValueError:
+            shape = None
+        if shape is None:
+            raise ModelError(f"--input {item!r}: expected NAME=DIMxDIMx..., e.g. --input x=1x3x224x224")
+        if name in out:
+            raise ModelError(f"--input {name} is given twice")
+        out[name] = shape
+    return out
+
+
+def cmd_compile(args) -> int:
+    from . import frontend
+    from .output import check_out_dir
+
+    shapes = _parse_inputs(args.input)
+    if args.out:
+        check_out_dir(args.out)
+    cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
+                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify)
+    check = frontend.check_against_onnxruntime(cm, args.model)
+    saved = cm.export(args.out) if args.out else None
+    report = {**cm.to_dict(), **check}
+    if saved:
+        report["saved"] = saved
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_compile(report)
+    return 0 if check["matches"] else 1
+
+
+def _print_compile(r: dict) -> None:
+    by: dict[str, int] = {}
+    for f in r["functions"]:
+        by[f["scheduled_by"]] = by.get(f["scheduled_by"], 0) + 1
+    print(f"roller compile {r['model']} on {r['device']}: {len(r['functions'])} fused functions ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) + ")")
+    for f in r["functions"]:
+        why = f" [{f['reason'][:100]}]" if f["scheduled_by"] != "roller" and f["reason"] else ""
+        same = f" (same as {f['reused']})" if f["reused"] else ""
+        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}")
+    ph = r["phases"]
+    print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
+          f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
+    print(f"latency {_fmt_seconds(r['latency_seconds'])} (median), onnxruntime "
+          f"{_fmt_seconds(r['onnxruntime_latency_seconds'])}; max abs error {r['max_abs_error']:.3g}, "
+          f"matches onnxruntime (rtol=atol=1e-3 for float32): {'yes' if r['matches'] else 'NO'}")
+    if r.get("saved"):
+        print(f"wrote {r['saved']['library']} and {r['saved']['report']}")
 
 
 def cmd_devices(args) -> int:
@@ -275,6 +336,24 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="FILE", help="draw a roofline of the candidates (predicted and measured) "
                                                   "into FILE.png / .svg / .pdf; needs roller[plot] (matplotlib)")
     b.set_defaults(func=cmd_build)
+
+    c = sub.add_parser("compile", help="compile a whole ONNX model, check it against onnxruntime, time both")
+    c.add_argument("model", help="an .onnx file")
+    c.add_argument("--device", default=None, help="'host' (default), a shipped spec name, or a YAML spec path")
+    c.add_argument("--input", action="append", metavar="NAME=1x3x224x224",
+                   help="an input's shape (repeat per input); needed for symbolic dimensions")
+    c.add_argument("--no-profile", action="store_true",
+                   help="use the model's first plan per function (default: profile the top --topk)")
+    c.add_argument("--topk", type=int, default=10, help="plans profiled per roller function (default 10)")
+    c.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
+                   help="convolutions' activation layout (default NHWC; NCHW keeps the model's)")
+    c.add_argument("--exact-math", action="store_true",
+                   help="keep erf/exp/tanh/softmax exact (default: TVM's fast approximations, within ~1e-7)")
+    c.add_argument("--verify", action="store_true",
+                   help="check each scheduled function against TVM's unscheduled build (falls back if wrong)")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--out", metavar="DIR", help="write the model library (relax.VirtualMachine) and the report")
+    c.set_defaults(func=cmd_compile)
 
     d = sub.add_parser("devices", help="list the devices roller knows (host and shipped specs)")
     d.add_argument("--json", action="store_true")

@@ -27,3 +27,8 @@ class BuildError(RollerError):
 
 class CalibrationError(RollerError):
     """A calibration run or a calibration cache file is unusable."""
+
+
+class ModelError(RollerError):
+    """A whole model is unusable: the file does not parse, an operator has no importer, an input name or
+    shape is wrong or missing."""

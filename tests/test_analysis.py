@@ -233,6 +233,16 @@ def test_non_affine_index(label, index, fragment):
     expect_unsupported([X, Y], "block 'Y'", "buffer X dimension 0", fragment, "rewrite the operator")
 
 
+def test_index_trivial_under_the_axis_range_is_simplified():
+    """What inlined broadcasts and reshapes leave, (i + 0) % 8 and i // 8 over i < 8, is plainly i / 0."""
+    X2 = te.placeholder((8, 4), name="X2")
+    Y = te.compute((8, 4), lambda i, j: X2[(i + j * 0) % 8, j + i // 8] * 2.0, name="Y")
+    found = analyze([X2, Y])
+    assert tensor(found.expr, "X2").index == ((("i", 1),), (("j", 1),))
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    np.testing.assert_allclose(run(found.func, [x], (8, 4)), x * 2)
+
+
 def test_gather():
     idx = te.placeholder((8,), "int32", name="idx")
     Y = te.compute((8,), lambda i: X[idx[i]], name="Y")

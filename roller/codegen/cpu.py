@@ -296,7 +296,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     pad_of = dict(program.storage_pad)
     for t in expr.inputs:
         producer = _producer_of(sch, block, t.name)
-        layout = program.layouts.get(t.name)
+        # the plan's layout over the buffer's own dimensions (fused axes stand for several)
+        layout = _buffer_order(expr, t, program.layouts[t.name]) if program.layouts.get(t.name) else ()
         if producer is None and t.name in program.packed and _read_index(sch, block, t.name) is not None:
             if pack_at is None and not layout:
                 notes.append(f"{t.name} not packed: the plan has one top tile, no loop to pack under")
@@ -424,6 +425,17 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
     sch.reorder(own[-1], src_inner)
     sch.vectorize(src_inner)
     return True
+def _buffer_order(expr: Expr, t, order: tuple[int, ...]) -> tuple[int, ...]:
+    """The plan's layout ``order`` (over the dimensions of ``t`` as the Expr sees it, fused axes merged)
+    over the buffer's own dimensions: a dimension indexed by a fused axis stands for that axis's parts,
+    consecutive dimensions of the buffer, which keep their order (a [2, 12, 20] tensor whose first two
+    dimensions fused into one axis of 24 and that is packed transposed becomes [20, 2, 12])."""
+    groups, start = [], 0
+    for dim in t.index:
+        n = len(expr.axis(dim[0][0]).parts) if len(dim) == 1 and dim[0][1] == 1 else 1
+        groups.append(list(range(start, start + n)))
+        start += n
+    return tuple(d for g in order for d in groups[g])
 
 
 def _transpose(sch, block, order: tuple[int, ...]) -> None:

@@ -1,0 +1,435 @@
+"""Whole models: import (ONNX, or a Relax IRModule such as ``from_exported_program`` gives), legalize and
+fuse with Relax, schedule every fused function (:mod:`roller.relax`), build, run, and compare with
+onnxruntime.
+
+    import roller
+    cm = roller.compile_model("model.onnx", inputs={"x": (1, 3, 224, 224)})
+    outputs = cm.run(cm.random_inputs())        # numpy in, numpy out
+    cm.report                                   # per fused function: which rule, seconds, why
+    cm.export("out/")                           # a library relax.VirtualMachine loads
+
+The Relax steps are TVM's CPU pipeline (``relax.backend.cpu_generic``) split in two: its dispatch and
+legalize passes (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) run first, and
+reshapes that only change the view become runtime reshapes (RewriteDataflowReshape) before scheduling so
+that no copy kernel is scheduled for them; the scheduled module then goes through the pipeline's
+lowering and finalization passes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .device import Device, load_device
+from .errors import ModelError
+
+# Model outputs against onnxruntime: np.allclose(ours, theirs, rtol, atol) per output, by dtype. Looser
+# than a single kernel's check (roller.profile.TOLERANCE): a model chains dozens of reductions whose
+# summation order differs from onnxruntime's.
+MODEL_TOLERANCE = {"float64": (1e-6, 1e-6), "float32": (1e-3, 1e-3), "float16": (2e-2, 2e-2)}
+REPEATS = 7                 # timed repeats (median)
+TARGET_REPEAT_SECONDS = 0.02  # each repeat runs the model about this long
+# pause before each timed repeat: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
+# take the cores from whatever runs next (on 2 cores roller ran ~2x slower right after onnxruntime)
+SETTLE_SECONDS = 0.1
+
+
+@dataclass
+class CompiledModel:
+    """A model compiled for a device. ``report`` holds one :class:`roller.relax.FunctionReport` per fused
+    function; ``inputs`` maps each input name to (shape, dtype), in the model's order."""
+
+    executable: Any
+    device: Device
+    name: str
+    inputs: dict[str, tuple[tuple[int, ...], str]]
+    report: list
+    seconds: dict[str, float] = field(default_factory=dict)  # import, legalize, schedule, build, total
+    _vm: Any = field(default=None, repr=False)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.seconds.get("total", 0.0)
+
+    def vm(self):
+        """The ``relax.VirtualMachine`` running the model on the CPU (made once; the thread count is the
+        device's cores unless TVM_NUM_THREADS is set)."""
+        if self._vm is None:
+            import tvm
+            from tvm import relax
+
+            from .tvmutil import set_threads
+
+            set_threads(self.device.units.count)
+            self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return self._vm
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random arrays for the inputs: floats uniform in [-1, 1), integers in [0, 4), booleans."""
+        return random_arrays(self.inputs, seed)
+
+    def run_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        """A no-argument callable that runs the model once on ``inputs`` (already on the device)."""
+        import tvm
+
+        vm, dev = self.vm(), tvm.cpu()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.inputs]
+        main = vm["main"]
+        return lambda: main(*args)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The model's outputs (a list, in order) for ``inputs`` (name -> numpy array)."""
+        missing = [n for n in self.inputs if n not in inputs]
+        if missing:
+            raise ModelError(f"{self.name}: no value for input(s) {', '.join(missing)}")
+        return outputs_to_numpy(self.run_fn(inputs)())
+
+    def export(self, directory: str | os.PathLike) -> dict[str, str]:
+        """Writes ``<name>.so`` (load with ``tvm.runtime.load_module`` and run with
+        ``relax.VirtualMachine(lib, tvm.cpu())``) and ``<name>.json`` (the report); returns their paths."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        lib = out / f"{self.name}.so"
+        self.executable.export_library(str(lib))
+        rep = out / f"{self.name}.json"
+        rep.write_text(json.dumps(self.to_dict(), indent=2))
+        return {"library": str(lib), "report": str(rep)}
+
+    def to_dict(self) -> dict:
+        return {"model": self.name, "device": self.device.name, "compile_seconds": self.compile_seconds,
+                "phases": dict(self.seconds),
+                "inputs": {n: {"shape": list(s), "dtype": d} for n, (s, d) in self.inputs.items()},
+                "functions": [r.to_dict() for r in self.report]}
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX in
+
+def load_onnx(model) -> Any:
+    """An ``onnx.ModelProto`` from a path or a ModelProto, checked by ``onnx.checker``; ModelError if the
+    file is missing or does not parse."""
+    try:
+        import onnx
+    except ImportError:
+        raise ModelError("reading ONNX models needs the onnx package: pip install 'roller[models]'") from None
+    if isinstance(model, onnx.ModelProto):
+        proto, where = model, model.graph.name or "model"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such file")
+        try:
+            proto = onnx.load(str(path))
+        except Exception as e:  # protobuf's DecodeError and friends: the file is not an ONNX model
+            raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
+        where = str(path)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"{where}: invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
+    return proto
+
+
+def onnx_inputs(proto, shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each real input of the graph (initializers excluded) -> (static shape, dtype). ``shapes`` sets or
+    overrides shapes by name; a dimension the model fixes must agree, a symbolic one must be given."""
+    from onnx import helper
+
+    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    inits = {i.name for i in proto.graph.initializer}
+    real = [i for i in proto.graph.input if i.name not in inits]
+    names = [i.name for i in real]
+    unknown = [n for n in shapes if n not in names]
+    if unknown:
+        raise ModelError(f"the model has no input named {unknown[0]!r}; its inputs are "
+                         f"{', '.join(_describe_input(i) for i in real)}")
+    out = {}
+    for i in real:
+        tt = i.type.tensor_type
+        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if i.name in shapes:
+            given = shapes[i.name]
+            if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
+                raise ModelError(f"--input {i.name}={'x'.join(map(str, given))} does not fit the model's input "
+                                 f"{_describe_input(i)}")
+            if any(g <= 0 for g in given):
+                raise ModelError(f"--input {i.name}: dimensions must be positive, got {given}")
+            out[i.name] = (given, dtype)
+        elif any(d is None for d in dims):
+            example = "x".join(str(d) if d is not None else "1" for d in dims)
+            raise ModelError(f"input {_describe_input(i)} has symbolic dimensions: give its shape, "
+                             f"e.g. --input {i.name}={example}")
+        else:
+            out[i.name] = (tuple(dims), dtype)
+    return out
+
+
+def _describe_input(i) -> str:
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in i.type.tensor_type.shape.dim]
+    return f"{i.name} ({'x'.join(dims) or 'scalar'})"
+
+
+def import_onnx(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
+    """The Relax IRModule of an ONNX model (weights as constants); ModelError for an operator TVM's ONNX
+    frontend does not import."""
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        return from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
+                         dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+    except tvm.error.OpError as e:  # OpNotImplemented / OpAttributeInvalid...: one line naming the operator
+        raise ModelError(f"unsupported by TVM's ONNX frontend: {str(e).strip().splitlines()[-1]}") from None
+
+
+def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The static (shape, dtype) of each parameter of ``mod["main"]`` (a Relax function)."""
+    from tvm import relax, tirx
+
+    main = mod["main"]
+    out = {}
+    for p in main.params:
+        ty = p.ty
+        shape = getattr(ty, "shape", None)
+        dims = getattr(shape, "values", None)
+        if not isinstance(ty, relax.TensorType) or dims is None:
+            raise ModelError(f"parameter {p.name} of main is not a tensor with a known shape")
+        if not all(isinstance(d, tirx.IntImm) for d in dims):
+            raise ModelError(f"parameter {p.name} of main has a symbolic shape {list(dims)}: bind it first "
+                             f"(relax.transform.BindSymbolicVars)")
+        out[str(p.name)] = (tuple(int(d) for d in dims), str(ty.dtype))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile
+
+def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True):
+    """TVM's CPU dispatch + legalize passes, then view-only reshapes turned into runtime reshapes.
+
+    With ``layout="NHWC"`` convolutions are first converted to NHWC activations and HWIO weights
+    (``relax.transform.ConvertLayout``; the layout propagates through elementwise operators and pools,
+    and the weights' transposes fold into constants), so that output channels are contiguous for the
+    vector lanes; ``"NCHW"`` keeps the frontend's layout. ``fast_math`` replaces erf, exp, tanh and
+    softmax by TVM's vectorizable approximations (``relax.transform.FastMathTransform``: fast_erf is
+    within 2e-7 of erf and ran 4096 values in 1 us against 27-37 us, which dominated a GELU MLP)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    if layout not in ("NHWC", "NCHW"):
+        raise ModelError(f"layout {layout!r}: use NHWC or NCHW")
+    convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
+    fast = [relax.transform.FastMathTransform()] if fast_math else []
+    fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
+    passes = (convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+              + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
+    with target:
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def _layout_folder():
+    """A Relax mutator folding ``permute_dims`` / ``reshape`` of constants with numpy."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Fold(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+            if name not in ("relax.permute_dims", "relax.reshape"):
+                return call
+            arg = call.args[0]
+            if isinstance(arg, relax.Var):
+                arg = self.lookup_binding(arg)
+            if not isinstance(arg, tvm.ir.expr.Constant):
+                return call
+            data = arg.value.numpy()
+            if name == "relax.permute_dims":
+                axes = call.attrs.axes
+                out = np.transpose(data, None if axes is None else [int(a) for a in axes])
+            else:
+                dims = getattr(call.args[1], "values", None)  # a ShapeExpr
+                if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+                    return call
+                out = data.reshape([int(d) for d in dims])
+            return relax.const(np.ascontiguousarray(out), str(data.dtype))
+
+    return _Fold
+
+
+def _fold_layout_constants(mod, _ctx):
+    """Folds the weight transposes ConvertLayout inserts (and reshapes of constants) with numpy before
+    legalization: TVM's FoldConstant builds and runs one unscheduled kernel per constant instead
+    (ResNet-50: 7.1 s of a 25 s compile)."""
+    from tvm import relax
+
+    folder = _layout_folder()(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            folder.builder_.update_func(gv, folder.visit_expr(func))
+    return folder.builder_.get()
+
+
+def build_module(mod, target):
+    """``tvm.compile`` with the CPU pipeline's lowering and finalization passes (legalization and
+    fusion were done before scheduling)."""
+    import tvm
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="roller.LowerAndFinalize")
+    def _pipeline(m, _ctx):
+        with target:
+            return lower(m)
+
+    return tvm.compile(mod, target, relax_pipeline=_pipeline)
+
+
+def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
+                  profile: bool = False, topk: int = 10, name: str | None = None,
+                  layout: str = "NHWC", fast_math: bool = True, verify: bool = False) -> CompiledModel:
+    """Compiles a whole model for ``device`` (default: this machine).
+
+    ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
+    shapes). ``inputs`` gives shapes by input name (required for symbolic dimensions). ``layout`` is the
+    convolutions' activation layout (:func:`legalize_and_fuse`; NHWC ran a small CNN 2.4x faster than
+    the frontend's NCHW: strided NCHW convolutions gather along the vector axis); ``fast_math`` uses
+    TVM's approximations of erf, exp, tanh and softmax (see :func:`legalize_and_fuse`). Every fused function
+    is scheduled by :class:`roller.relax.ScheduleModule`; with ``profile`` roller's functions use the best
+    of the top-``topk`` plans, timed, instead of the model's first plan; with ``verify`` each scheduled
+    function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
+    """
+    import tvm
+
+    from .relax import ScheduleModule
+    from .tvmutil import target_for
+
+    t0 = time.perf_counter()
+    dev = device if isinstance(device, Device) else load_device(device)
+    target = target_for(dev)
+    seconds: dict[str, float] = {}
+    if isinstance(model, tvm.IRModule):
+        if inputs:
+            raise ModelError("input shapes are part of a Relax module: give --input only with an ONNX model")
+        mod, specs, label = model, relax_inputs(model), name or "model"
+    else:
+        proto = load_onnx(model)
+        specs = onnx_inputs(proto, inputs)
+        label = name or (Path(model).stem if not hasattr(model, "graph") else (proto.graph.name or "model"))
+        mod = import_onnx(proto, specs)
+    seconds["import"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    mod = legalize_and_fuse(mod, target, layout, fast_math)
+    seconds["legalize"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify)
+    mod = sched(mod)
+    seconds["schedule"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ex = build_module(mod, target)
+    seconds["build"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t0
+    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=sched.report, seconds=seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run, compare, time
+
+def random_arrays(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for n, (shape, dtype) in specs.items():
+        if dtype == "bool":
+            out[n] = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(np.dtype(dtype), np.floating):
+            out[n] = rng.uniform(-1, 1, shape).astype(dtype)
+        else:
+            out[n] = rng.integers(0, 4, shape).astype(dtype)
+    return out
+
+
+def outputs_to_numpy(result) -> list[np.ndarray]:
+    """A VirtualMachine's result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [x for r in result for x in outputs_to_numpy(r)]
+
+
+def onnxruntime_session(proto, threads: int):
+    """An onnxruntime CPU session with ``threads`` intra-op threads (the device's cores, as roller's),
+    its other options at their defaults."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ModelError("comparing with onnxruntime needs it: pip install 'roller[models]'") from None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict:
+    """max_abs_error and whether every output is within MODEL_TOLERANCE of the reference."""
+    if len(ours) != len(reference):
+        return {"max_abs_error": None, "matches": False,
+                "detail": f"{len(ours)} outputs against the reference's {len(reference)}"}
+    err, ok = 0.0, True
+    for a, b in zip(ours, reference):
+        b = np.asarray(b)
+        if a.shape != b.shape:
+            return {"max_abs_error": None, "matches": False, "detail": f"shape {a.shape} against {b.shape}"}
+        rtol, atol = MODEL_TOLERANCE.get(str(b.dtype), (0, 0))
+        if a.size:
+            err = max(err, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+        ok = ok and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+    return {"max_abs_error": err, "matches": ok}
+
+
+def median_seconds(fns: Mapping[str, Callable[[], Any]], repeats: int = REPEATS) -> dict[str, float]:
+    """Median seconds per call of each callable; the callables are timed in alternation, repeat by repeat,
+    so that drift of the machine hits them alike, each repeat after a pause of SETTLE_SECONDS. Each
+    repeat runs a callable ~TARGET_REPEAT_SECONDS."""
+    number = {}
+    for k, fn in fns.items():
+        fn()  # warm-up (first-call costs: thread pools, caches)
+        t = time.perf_counter()
+        fn()
+        number[k] = max(1, int(TARGET_REPEAT_SECONDS / max(time.perf_counter() - t, 1e-7)))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            time.sleep(SETTLE_SECONDS)
+            t = time.perf_counter()
+            for _ in range(number[k]):
+                fn()
+            times[k].append((time.perf_counter() - t) / number[k])
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
+                              repeats: int = REPEATS) -> dict:
+    """Runs ``cm`` and onnxruntime on the same random inputs: max_abs_error, matches (MODEL_TOLERANCE),
+    and with ``time_it`` both latencies (median seconds, timed alternately in this process)."""
+    proto = load_onnx(model)
+    feeds = cm.random_inputs(seed)
+    sess = onnxruntime_session(proto, cm.device.units.count)
+    reference = sess.run(None, feeds)
+    result = compare(cm.run(feeds), reference)
+    if time_it:
+        times = median_seconds({"roller": cm.run_fn(feeds), "onnxruntime": lambda: sess.run(None, feeds)}, repeats)
+        result["latency_seconds"] = times["roller"]
+        result["onnxruntime_latency_seconds"] = times["onnxruntime"]
+    result["tolerance"] = {"rtol_atol_by_dtype": {k: list(v) for k, v in MODEL_TOLERANCE.items()}}
+    return result

@@ -1,0 +1,348 @@
+"""Whole models through Relax: every fused PrimFunc of an IRModule scheduled, roller first.
+
+The pass has the shape of ``tvm.s_tir.dlight.ApplyDefaultSchedule``: it takes an IRModule after
+legalization and fusion (``relax.get_pipeline("zero")``-style) and returns it with every PrimFunc that
+was not yet scheduled scheduled and marked ``tirx.is_scheduled`` (later passes leave such functions
+alone). Each function goes down a chain of rules, each ``apply(func, device) -> Schedule | None``:
+
+1. ``RollerRule``: a function whose main block roller's analysis accepts (one reduction such as a
+   convolution, a matmul, a pool or a mean, with its padding stage and its elementwise epilogues; or one
+   elementwise block) is planned by roller's constructor (the model's top-1 plan, or the top-K profiled)
+   and scheduled by roller's code generator.
+2. TVM's dlight CPU rules (``GEMV``, ``Reduction``: softmax, layer norm, RMS norm) where they apply.
+3. ``GenericRule``: every block's leading spatial loops fused and parallel, the innermost loop of an
+   injective block vectorized (transposes, reshapes with a copy, broadcasts, what else is left).
+
+A function none of them schedules stays as it is and the report says so (``scheduled_by: "none"``).
+The report (:class:`FunctionReport`) gives per function the rule that scheduled it, the seconds spent
+and why the rules before it declined. Structurally identical functions are scheduled once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .device import Device
+from .errors import RollerError
+
+SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+@dataclass
+class FunctionReport:
+    """How one PrimFunc of the module was scheduled.
+
+    ``scheduled_by`` is ``"roller"``, a fallback rule's name (``"dlight.Reduction"``, ``"generic"``...)
+    or ``"none"``; ``declined`` holds, per rule tried before it, why that rule did not apply.
+    ``seconds`` is the time spent scheduling (planning included); ``reused`` names the structurally
+    identical function whose schedule was reused (then ``seconds`` is only the lookup). ``plan``
+    describes roller's plan (tiles per level, vector axis) when roller scheduled it.
+    """
+
+    name: str
+    scheduled_by: str
+    seconds: float
+    declined: dict[str, str] = field(default_factory=dict)
+    reused: str | None = None
+    plan: dict | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the function fell back: the first rule's (roller's) refusal, None if roller scheduled it."""
+        return next(iter(self.declined.values()), None)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "scheduled_by": self.scheduled_by, "seconds": self.seconds,
+                "reason": self.reason, "declined": dict(self.declined), "reused": self.reused,
+                "plan": self.plan, "notes": list(self.notes)}
+
+
+class Rule:
+    """A scheduling rule: ``apply(func, device)`` returns a ``tvm.s_tir.Schedule`` or None.
+
+    Subclasses implement :meth:`attempt`, which also says why the rule declined; a rule never raises for
+    a function it cannot schedule. ``plan`` / ``notes`` describe the last successful attempt (reports).
+    """
+
+    name = "rule"
+
+    def __init__(self):
+        self.plan: dict | None = None
+        self.notes: tuple[str, ...] = ()
+
+    def attempt(self, func, device: Device):
+        """(Schedule, "") when the rule schedules ``func``, else (None, why not)."""
+        raise NotImplementedError
+
+    def apply(self, func, device: Device):
+        return self.attempt(func, device)[0]
+
+
+def _schedule_errors() -> tuple[type, ...]:
+    """What a rule turns into 'declined': roller's own errors and TVM's refusals (ScheduleError and
+    the internal checks of its primitives, both RuntimeErrors)."""
+    return (RollerError, RuntimeError)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:400]
+
+
+class RollerRule(Rule):
+    """roller's analysis, constructor and code generator (:mod:`roller.analysis`, :mod:`roller.construct`,
+    :mod:`roller.codegen`). Without ``profile`` the model's first plan is used (milliseconds to a second
+    per function, nothing built); with it the top-``topk`` plans are built, checked against TVM's
+    unscheduled build and timed in worker processes (:func:`roller.api.build`), and the fastest is used."""
+
+    name = "roller"
+
+    def __init__(self, profile: bool = False, topk: int = 10):
+        super().__init__()
+        self.profile = profile
+        self.topk = topk
+
+    def attempt(self, func, device: Device):
+        from .api import analyze, build
+        from .codegen import schedule
+        from .construct import construct
+
+        self.plan, self.notes = None, ()
+        try:
+            expr, norm = analyze(func)
+        except RollerError as e:
+            return None, str(e)
+        try:
+            if self.profile:
+                program = build(norm.with_attr("global_symbol", "main"), device, topk=self.topk, profile=True,
+                                name=expr.name).program
+            else:
+                program = construct(expr, device, 1).programs[0]
+            notes: list[str] = []
+            sch = schedule(norm, expr, program, device, notes)
+        except _schedule_errors() as e:
+            return None, f"planned but not scheduled: {_first_line(e)}"
+        self.plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
+                     "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
+                     "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
+        self.notes = tuple(notes)
+        return sch, ""
+
+
+class DlightRule(Rule):
+    """One of TVM's dlight CPU rules (``tvm.s_tir.dlight.cpu``), by class name: GEMV or Reduction."""
+
+    def __init__(self, rule_name: str):
+        super().__init__()
+        self.name = f"dlight.{rule_name}"
+        self._rule_name = rule_name
+
+    def attempt(self, func, device: Device):
+        from tvm.s_tir.dlight import cpu
+
+        from .tvmutil import target_for
+
+        rule = getattr(cpu, self._rule_name)()
+        try:
+            sch = rule.apply(func, target_for(device), False)
+        except _schedule_errors() as e:
+            return None, _first_line(e)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        return (sch, "") if sch is not None else (None, "pattern not matched")
+
+
+class GenericRule(Rule):
+    """The last resort: after inlining what can be inlined, each block's leading spatial loops are fused
+    and run in parallel over the cores; an injective block's innermost loop is vectorized when its
+    extent is constant and either at most one vector or a multiple of the vector width (no tail).
+    Reduction loops stay serial (vectorizing them needs rfactor: roller's rule does that)."""
+
+    name = "generic"
+
+    def attempt(self, func, device: Device):
+        import tvm
+        from tvm.s_tir.dlight import normalize_prim_func, try_inline
+
+        self.notes = ()
+        sch = tvm.s_tir.Schedule(func)
+        try:
+            blocks = normalize_prim_func(sch)
+            if blocks is None:
+                return None, "blocks are not in a normal form (opaque or nested blocks)"
+            blocks = try_inline(sch, blocks)
+            notes: list[str] = []
+            for b in blocks:
+                dtype = str(sch.get(b.block_rv).writes[0].source.dtype) if sch.get(b.block_rv).writes else "float32"
+                self._schedule_block(sch, b, device.units.lanes(dtype), notes)
+        except _schedule_errors() as e:
+            return None, _first_line(e)
+        self.notes = tuple(notes)
+        return sch, ""
+
+    @staticmethod
+    def _schedule_block(sch, info, lanes: int, notes: list[str]) -> None:
+        kinds = info.dom_kind()
+        loops = info.get_loops()
+        lead = len(kinds) - len(kinds.lstrip("S"))
+        if lead == 0:
+            notes.append(f"{info.name}: no leading spatial loop, runs serially")
+            return
+        spatial = loops[:lead]
+        if info.is_injective():
+            inner = spatial[-1]
+            n = _const_extent(sch, inner)
+            if n is not None and n > 1:
+                if n > lanes and n % lanes == 0:
+                    spatial[-1], vec = sch.split(inner, [None, lanes])
+                    sch.vectorize(vec)
+                elif n <= lanes:
+                    spatial = spatial[:-1]
+                    sch.vectorize(inner)
+                else:
+                    notes.append(f"{info.name}: innermost extent {n} has a tail, not vectorized")
+        if not spatial:
+            return
+        outer = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        n = _const_extent(sch, outer)
+        if n is None or n > 1:  # a symbolic extent (a batch of n) is parallel too
+            sch.parallel(outer)
+
+
+def _const_extent(sch, loop) -> int | None:
+    """The loop's extent, None when it is symbolic."""
+    from tvm import tirx
+
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
+
+
+def default_rules(profile: bool = False, topk: int = 10) -> list[Rule]:
+    """roller first, then dlight's CPU GEMV and Reduction rules, then the generic schedule."""
+    return [RollerRule(profile, topk), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
+
+
+def is_scheduled(func) -> bool:
+    attrs = func.attrs
+    return attrs is not None and SCHEDULED_ATTR in attrs and int(attrs[SCHEDULED_ATTR]) == 1
+
+
+class ScheduleModule:
+    """The module pass: ``ScheduleModule(device)(mod)`` returns a copy of ``mod`` with every PrimFunc
+    scheduled by the first rule that applies and marked ``tirx.is_scheduled``; ``report`` then lists
+    one :class:`FunctionReport` per PrimFunc (functions already scheduled are skipped and not listed).
+
+    ``rules`` defaults to :func:`default_rules`. Functions are scheduled in name order, so the report
+    and the reuse of identical functions (structural hash and equality) do not depend on dict order.
+    With ``verify`` every scheduled function with static shapes is built and run on random inputs next to
+    TVM's build of the unscheduled function (:func:`check_schedule`); a schedule that disagrees is
+    declined and the next rule tried (two builds per distinct function: ~0.1-0.3 s each).
+    """
+
+    def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,
+                 verify: bool = False):
+        self.device = device
+        self.rules = rules if rules is not None else default_rules(profile, topk)
+        self.verify = verify
+        self.report: list[FunctionReport] = []
+
+    def __call__(self, mod):
+        import tvm
+        import tvm_ffi
+
+        mod = mod.clone()
+        self.report = []
+        done: dict[int, list[tuple[object, object, str]]] = {}  # hash -> (original, scheduled, name)
+        items = sorted(((gv, f) for gv, f in mod.functions.items()
+                        if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint)
+        for gv, func in items:
+            t0 = time.perf_counter()
+            key = tvm_ffi.structural_hash(func)
+            same = next((entry for entry in done.get(key, []) if tvm_ffi.structural_equal(entry[0], func)), None)
+            if same is not None:
+                _, scheduled, first = same
+                earlier = next(r for r in self.report if r.name == first)
+                self.report.append(FunctionReport(gv.name_hint, earlier.scheduled_by, time.perf_counter() - t0,
+                                                  dict(earlier.declined), reused=first, plan=earlier.plan))
+                if scheduled is not None:
+                    mod[gv] = scheduled
+                continue
+            declined: dict[str, str] = {}
+            scheduled, by, rule_used = None, "none", None
+            for rule in self.rules:
+                sch, why = rule.attempt(func, self.device)
+                if sch is not None and self.verify:
+                    why = check_schedule(func, sch.mod["main"], self.device)
+                    sch = None if why else sch
+                if sch is not None:
+                    scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+                    by, rule_used = rule.name, rule
+                    break
+                declined[rule.name] = why
+            seconds = time.perf_counter() - t0
+            self.report.append(FunctionReport(gv.name_hint, by, seconds, declined,
+                                              plan=rule_used.plan if rule_used is not None else None,
+                                              notes=rule_used.notes if rule_used is not None else ()))
+            done.setdefault(key, []).append((func, scheduled, gv.name_hint))
+            if scheduled is not None:
+                mod[gv] = scheduled
+        return mod
+
+    def summary(self) -> dict[str, int]:
+        """How many functions each rule scheduled."""
+        out: dict[str, int] = {}
+        for r in self.report:
+            out[r.scheduled_by] = out.get(r.scheduled_by, 0) + 1
+        return out
+
+
+def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
+    """"" when ``scheduled`` computes what ``func`` computes, else why not (one line).
+
+    Both are built for the device and run on the same random contents of every buffer parameter (the
+    outputs' too, so an output element the schedule forgets to write shows); afterwards every buffer must
+    agree within roller.profile.TOLERANCE (exactly for integers). Functions with symbolic shapes or
+    scalar parameters are not checked ("")."""
+    import numpy as np
+    import tvm
+    from tvm import tirx
+
+    from .profile import TOLERANCE
+    from .tvmutil import target_for
+
+    params = list(func.params)
+    if not all(isinstance(getattr(p, "ty", None), tirx.buffer.BufferType)
+               and all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
+        return ""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in params:
+        shape, dtype = tuple(int(d) for d in p.shape), str(p.dtype)
+        arrays.append(rng.uniform(-1, 1, shape).astype(dtype) if "float" in dtype
+                      else rng.integers(0, 4, shape).astype(dtype))
+    target, dev = target_for(device), tvm.cpu()
+    results = []
+    for f in (func, scheduled):
+        try:
+            ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
+        except _schedule_errors() as e:
+            return f"does not build: {_first_line(e)}"
+        bufs = [tvm.runtime.tensor(a.copy(), dev) for a in arrays]
+        ex["main"](*bufs)
+        results.append([b.numpy() for b in bufs])
+    for p, want, got in zip(params, *results):
+        rtol, atol = TOLERANCE.get(str(p.dtype), (0, 0))
+        if not np.allclose(got, want, rtol=rtol, atol=atol):
+            err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+            return f"wrong result: buffer {p.name} differs from the unscheduled build by up to {err:.3g}"
+    return ""
+
+
+def schedule_module(mod, device: Device, profile: bool = False, topk: int = 10, verify: bool = False):
+    """(scheduled copy of ``mod``, report list): :class:`ScheduleModule` with the default rules."""
+    sched = ScheduleModule(device, profile=profile, topk=topk, verify=verify)
+    out = sched(mod)
+    return out, sched.report
+

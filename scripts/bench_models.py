@@ -1,0 +1,163 @@
+"""Whole models: roller against onnxruntime and TVM's default Relax pipeline, in one run.
+
+    python3 scripts/bench_models.py                      # resnet50, bert (12 layers, seq 128), small ones
+    python3 scripts/bench_models.py --models resnet50 --profile   # also roller with top-10 profiling
+    python3 scripts/bench_models.py --models cnn,block --tvm-runs 3
+
+Models are built in code with random weights (tests/onnx_models.py; nothing is downloaded): ResNet-50
+v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers, 768 wide, 12 heads,
+MLP 3072, GELU, sequence 128), the small CNN and transformer block of the tests. Per model: roller's
+compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
+alternately with onnxruntime in this process after a pause each, scripts/benchutil.time_alternately),
+onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
+module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), and every
+output checked against onnxruntime (rtol = atol = 1e-3 for float32). Prints a Markdown table and writes
+it with a JSON file to ``--out`` (default build/bench_models/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, one definition
+
+import numpy as np  # noqa: E402
+
+from benchutil import time_alternately  # noqa: E402
+
+
+def _models():
+    import onnx_models as m
+
+    return {
+        "resnet50": lambda: m.resnet50(),
+        "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like"),
+        "cnn": lambda: m.small_cnn(size=96, channels=32),
+        "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768),
+    }
+
+
+def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
+    """TVM's default Relax pipeline for the CPU: compile seconds, median latency of ``runs`` runs, outputs."""
+    import tvm
+    from tvm import relax
+
+    from roller import frontend
+
+    t = time.perf_counter()
+    ex = tvm.compile(frontend.import_onnx(proto, specs), target)
+    compile_s = time.perf_counter() - t
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(feeds[n], tvm.cpu()) for n in specs]
+    times, out = [], None
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = vm["main"](*args)
+        times.append(time.perf_counter() - t)
+    return {"compile_seconds": compile_s, "latency_seconds": statistics.median(times),
+            "outputs": frontend.outputs_to_numpy(out)}
+
+
+def bench(name: str, proto, args) -> dict:
+    import roller
+    from roller import frontend
+    from roller.tvmutil import target_for
+
+    dev = roller.load_device(args.device)
+    row = {"model": name}
+    cm = roller.compile_model(proto, dev, name=name)
+    row["compile_seconds"] = cm.compile_seconds
+    row["phases"] = cm.seconds
+    row["functions"] = len(cm.report)
+    row["by_rule"] = {}
+    for r in cm.report:
+        row["by_rule"][r.scheduled_by] = row["by_rule"].get(r.scheduled_by, 0) + 1
+    feeds = cm.random_inputs()
+    sess = frontend.onnxruntime_session(proto, dev.units.count)
+    reference = sess.run(None, feeds)
+    row.update(frontend.compare(cm.run(feeds), reference))
+    impls = [("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))]
+    if args.profile:
+        cp = roller.compile_model(proto, dev, name=name, profile=True, topk=args.topk)
+        row["profiled_compile_seconds"] = cp.compile_seconds
+        row["profiled_matches"] = frontend.compare(cp.run(feeds), reference)["matches"]
+        impls.append(("roller_profiled", cp.run_fn(feeds)))
+    times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
+    row["latency_seconds"] = times["roller"]
+    row["onnxruntime_latency_seconds"] = times["onnxruntime"]
+    if args.profile:
+        row["profiled_latency_seconds"] = times["roller_profiled"]
+    if args.tvm_runs > 0:
+        tv = _tvm_default(proto, cm.inputs, target_for(dev), args.tvm_runs, feeds)
+        row["tvm_compile_seconds"] = tv["compile_seconds"]
+        row["tvm_latency_seconds"] = tv["latency_seconds"]
+        row["tvm_matches"] = frontend.compare(tv["outputs"], reference)["matches"]
+    return row
+
+
+def _ms(s):
+    return "-" if s is None else f"{s * 1e3:.2f}"
+
+
+def table(rows) -> str:
+    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | roller top-10: compile s, ms "
+            "| TVM default: compile s, ms | max abs err | matches | functions (by rule) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        prof = (f"{r['profiled_compile_seconds']:.1f}, {_ms(r['profiled_latency_seconds'])}"
+                if "profiled_compile_seconds" in r else "-")
+        tvm = (f"{r['tvm_compile_seconds']:.1f}, {_ms(r['tvm_latency_seconds'])}"
+               + ("" if r.get("tvm_matches", True) else " (WRONG)") if "tvm_compile_seconds" in r else "-")
+        rules = ", ".join(f"{k} {v}" for k, v in sorted(r["by_rule"].items()))
+        lines.append(f"| {r['model']} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
+                     f"{_ms(r['onnxruntime_latency_seconds'])} | "
+                     f"{r['onnxruntime_latency_seconds'] / r['latency_seconds']:.2f} | {prof} | {tvm} | "
+                     f"{r['max_abs_error']:.2g} | {'yes' if r['matches'] else 'NO'} | {r['functions']} ({rules}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet50,bert,cnn,block", help="comma-separated: " + ",".join(_models()))
+    p.add_argument("--device", default=None)
+    p.add_argument("--profile", action="store_true", help="also compile with top-K profiling (minutes)")
+    p.add_argument("--topk", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")
+    p.add_argument("--tvm-runs", type=int, default=1,
+                   help="runs of TVM's default (unscheduled) build to time; 0 skips it (default 1: it is slow)")
+    p.add_argument("--out", default="build/bench_models")
+    args = p.parse_args(argv)
+    makers = _models()
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose from {', '.join(makers)}")
+    from roller.tvmutil import set_threads
+    import roller
+    set_threads(roller.load_device(args.device).units.count)
+    rows = []
+    for n in names:
+        print(f"== {n}", file=sys.stderr)
+        rows.append(bench(n, makers[n](), args))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
+    text = table(rows)
+    threads = os.environ.get("TVM_NUM_THREADS")
+    print(text)
+    print(f"\nthreads: roller/TVM {threads}, onnxruntime intra-op {roller.load_device(args.device).units.count}; "
+          f"latency = median of {args.rounds} alternating rounds; TVM default = median of {args.tvm_runs} run(s)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_models.md").write_text(text + "\n")
+    (out / "bench_models.json").write_text(json.dumps(rows, indent=2, default=float))
+    print(f"wrote {out / 'bench_models.md'} and {out / 'bench_models.json'}", file=sys.stderr)
+    return 0 if all(r["matches"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Small ONNX models built in code with ``onnx.helper`` (random weights, nothing downloaded), for the
+Relax tests and benchmarks: a CNN and a transformer block."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _init(name: str, array: np.ndarray):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def _model(nodes, inputs, outputs, inits, name: str, opset: int = 17):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="roller-tests")
+    model.ir_version = 8
+    return model
+
+
+def small_cnn(batch: int = 1, size: int = 32, channels: int = 16, classes: int = 10, seed: int = 0):
+    """conv 3x3 + BatchNorm + ReLU, max pool, a residual block (conv + ReLU, conv + add + ReLU),
+    a strided conv, global average pool, flatten, a Gemm classifier (NCHW, float32)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    c = channels
+    w = lambda *s: rng.normal(0, (2.0 / np.prod(s[1:])) ** 0.5, s)  # noqa: E731  (He init keeps values O(1))
+    inits = [
+        _init("w0", w(c, 3, 3, 3)), _init("b0", rng.normal(0, 0.1, c)),
+        _init("bn_s", rng.uniform(0.5, 1.5, c)), _init("bn_b", rng.normal(0, 0.1, c)),
+        _init("bn_m", rng.normal(0, 0.1, c)), _init("bn_v", rng.uniform(0.5, 1.5, c)),
+        _init("w1", w(c, c, 3, 3)), _init("b1", rng.normal(0, 0.1, c)),
+        _init("w2", w(c, c, 3, 3)), _init("b2", rng.normal(0, 0.1, c)),
+        _init("w3", w(2 * c, c, 3, 3)), _init("b3", rng.normal(0, 0.1, 2 * c)),
+        _init("wf", rng.normal(0, 0.1, (classes, 2 * c))), _init("bf", rng.normal(0, 0.1, classes)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c0", "bn_s", "bn_b", "bn_m", "bn_v"], ["n0"]),
+        helper.make_node("Relu", ["n0"], ["r0"]),
+        helper.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "p0"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])
+    return _model(nodes, [x], [y], inits, "small_cnn")
+
+
+def transformer_block(seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64, seed: int = 0):
+    """One pre-norm transformer encoder block on [1, seq, dim] (see :func:`transformer_encoder`)."""
+    return transformer_encoder(1, seq, dim, heads, hidden, seed, name="transformer_block")
+
+
+def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64,
+                        seed: int = 0, name: str = "transformer_encoder"):
+    """``layers`` pre-norm transformer encoder blocks on [1, seq, dim]: LayerNorm, QKV projections,
+    attention (scaled QK^T, softmax, V), output projection, residual add, LayerNorm, MLP with GELU (erf
+    form), residual add (float32). BERT-base is layers=12, seq=128, dim=768, heads=12, hidden=3072."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    hd = dim // heads
+    mat = lambda r, c: rng.normal(0, r ** -0.5, (r, c))  # noqa: E731
+    inits = [_init("scale", np.array(hd ** -0.5)), _init("half", np.array(0.5)), _init("one", np.array(1.0)),
+             _init("rsqrt2", np.array(2 ** -0.5)),
+             numpy_helper.from_array(np.array([1, seq, heads, hd], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([1, seq, dim], np.int64), "merge_shape")]
+    nodes = []
+    x = "x"
+    for n in range(layers):
+        p = f"l{n}_"
+        inits += [
+            _init(p + "ln1_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln1_b", rng.normal(0, 0.1, dim)),
+            _init(p + "ln2_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln2_b", rng.normal(0, 0.1, dim)),
+            _init(p + "wq", mat(dim, dim)), _init(p + "bq", rng.normal(0, 0.1, dim)),
+            _init(p + "wk", mat(dim, dim)), _init(p + "bk", rng.normal(0, 0.1, dim)),
+            _init(p + "wv", mat(dim, dim)), _init(p + "bv", rng.normal(0, 0.1, dim)),
+            _init(p + "wo", mat(dim, dim)), _init(p + "bo", rng.normal(0, 0.1, dim)),
+            _init(p + "w1", mat(dim, hidden)), _init(p + "b1", rng.normal(0, 0.1, hidden)),
+            _init(p + "w2", mat(hidden, dim)), _init(p + "b2", rng.normal(0, 0.1, dim)),
+        ]
+        nodes.append(helper.make_node("LayerNormalization", [x, p + "ln1_g", p + "ln1_b"], [p + "h"], axis=-1,
+                                      epsilon=1e-5))
+        for t in "qkv":
+            nodes += [helper.make_node("MatMul", [p + "h", p + f"w{t}"], [p + f"{t}0"]),
+                      helper.make_node("Add", [p + f"{t}0", p + f"b{t}"], [p + f"{t}1"]),
+                      helper.make_node("Reshape", [p + f"{t}1", "split_shape"], [p + f"{t}2"]),
+                      helper.make_node("Transpose", [p + f"{t}2"], [p + f"{t}3"],
+                                       perm=[0, 2, 3, 1] if t == "k" else [0, 2, 1, 3])]
+        out = "y" if n == layers - 1 else p + "out"
+        nodes += [
+            helper.make_node("MatMul", [p + "q3", p + "k3"], [p + "s0"]),
+            helper.make_node("Mul", [p + "s0", "scale"], [p + "s1"]),
+            helper.make_node("Softmax", [p + "s1"], [p + "p"], axis=-1),
+            helper.make_node("MatMul", [p + "p", p + "v3"], [p + "o0"]),
+            helper.make_node("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [p + "o1", "merge_shape"], [p + "o2"]),
+            helper.make_node("MatMul", [p + "o2", p + "wo"], [p + "o3"]),
+            helper.make_node("Add", [p + "o3", p + "bo"], [p + "o4"]),
+            helper.make_node("Add", [x, p + "o4"], [p + "r1"]),
+            helper.make_node("LayerNormalization", [p + "r1", p + "ln2_g", p + "ln2_b"], [p + "h2"], axis=-1,
+                             epsilon=1e-5),
+            helper.make_node("MatMul", [p + "h2", p + "w1"], [p + "m0"]),
+            helper.make_node("Add", [p + "m0", p + "b1"], [p + "m1"]),
+            helper.make_node("Mul", [p + "m1", "rsqrt2"], [p + "g0"]),
+            helper.make_node("Erf", [p + "g0"], [p + "g1"]),
+            helper.make_node("Add", [p + "g1", "one"], [p + "g2"]),
+            helper.make_node("Mul", [p + "m1", p + "g2"], [p + "g3"]),
+            helper.make_node("Mul", [p + "g3", "half"], [p + "g4"]),
+            helper.make_node("MatMul", [p + "g4", p + "w2"], [p + "m2"]),
+            helper.make_node("Add", [p + "m2", p + "b2"], [p + "m3"]),
+            helper.make_node("Add", [p + "r1", p + "m3"], [out]),
+        ]
+        x = out
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])
+    return _model(nodes, [xi], [yo], inits, name)
+
+
+def resnet50(batch: int = 1, size: int = 224, classes: int = 1000, width: int = 64, seed: int = 0):
+    """A ResNet-50 v1.5 (torchvision's layout: 7x7/2 stem, 3x3/2 max pool, bottlenecks [3, 4, 6, 3] with
+    the stride on the 3x3 conv, global average pool, FC) with batch norm folded into the convolutions, as
+    an eval-mode export gives; random weights (each residual branch's last conv scaled down so that the
+    activations stay O(1) through 16 residual adds). ``width`` scales the channels (64 is the real net)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    count = [0]
+
+    def conv(x, cin, cout, k, stride=1, relu=True, gain=1.0):
+        i = count[0]
+        count[0] += 1
+        w = rng.normal(0, gain * (2.0 / (cin * k * k)) ** 0.5, (cout, cin, k, k))
+        inits.extend([_init(f"w{i}", w), _init(f"b{i}", rng.normal(0, 0.05, cout))])
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], kernel_shape=[k, k],
+                                      strides=[stride, stride], pads=[k // 2] * 4))
+        if not relu:
+            return f"c{i}"
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        return f"r{i}"
+
+    x = conv("x", 3, width, 7, 2)
+    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    x, cin = "pool", width
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        mid = width * 2 ** stage
+        for b in range(blocks):
+            stride = 2 if b == 0 and stage > 0 else 1
+            h = conv(x, cin, mid, 1)
+            h = conv(h, mid, mid, 3, stride)
+            h = conv(h, mid, mid * 4, 1, relu=False, gain=0.2)
+            skip = conv(x, cin, mid * 4, 1, stride, relu=False) if b == 0 else x
+            n = len(nodes)
+            nodes += [helper.make_node("Add", [h, skip], [f"a{n}"]), helper.make_node("Relu", [f"a{n}"], [f"o{n}"])]
+            x, cin = f"o{n}", mid * 4
+    inits += [_init("wf", rng.normal(0, cin ** -0.5, (classes, cin))), _init("bf", rng.normal(0, 0.05, classes))]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+              helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])
+    return _model(nodes, [xi], [yo], inits, "resnet50")

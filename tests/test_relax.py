@@ -1,0 +1,443 @@
+"""Whole models through Relax (roller.relax, roller.frontend, `roller compile`): outputs against
+onnxruntime and numpy, which rule scheduled each fused function, bad models and inputs."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import roller  # noqa: E402
+from roller import cli, frontend  # noqa: E402
+from roller.relax import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
+
+import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
+
+pytestmark = pytest.mark.build
+
+
+@pytest.fixture(scope="module")
+def device():
+    return roller.load_device()
+
+
+def _graph(nodes, inputs, output_shape, inits=(), opset=17):
+    """A one-output ONNX model over float32 inputs {name: shape}."""
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(output_shape))
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in inits]
+    model = helper.make_model(helper.make_graph(nodes, "g", ins, [out], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _scheduled_by(cm) -> dict[str, str]:
+    return {r.name: r.scheduled_by for r in cm.report}
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole models against onnxruntime
+
+@pytest.fixture(scope="module")
+def cnn(device):
+    model = onnx_models.small_cnn()
+    return model, roller.compile_model(model, device)
+
+
+@pytest.fixture(scope="module")
+def transformer(device):
+    model = onnx_models.transformer_block()
+    return model, roller.compile_model(model, device)
+
+
+def test_small_cnn_matches_onnxruntime(cnn):
+    model, cm = cnn
+    check = frontend.check_against_onnxruntime(cm, model, time_it=False)
+    assert check["matches"], check
+    assert check["max_abs_error"] < 1e-3
+    by = _scheduled_by(cm)
+    assert "none" not in by.values()
+    convs = [n for n in by if "conv2d" in n]
+    assert len(convs) == 4 and all(by[n] == "roller" for n in convs), by
+    # pooling, global mean, the classifier and the batch norm + ReLU go through roller too
+    assert by["max_pool2d"] == by["mean"] == "roller", by
+    assert all(by[n] == "roller" for n in by if "matmul" in n or "batch_norm" in n), by
+
+
+def test_transformer_block_matches_onnxruntime(transformer):
+    model, cm = transformer
+    check = frontend.check_against_onnxruntime(cm, model, time_it=False)
+    assert check["matches"], check
+    by = _scheduled_by(cm)
+    assert "none" not in by.values()
+    assert all(by[n] == "roller" for n in by if "matmul" in n), by  # QKV, scores, GELU MLP, residuals
+    assert by["fast_softmax"] == by["layer_norm"] == "dlight.Reduction", by
+    gelu = next(r for r in cm.report if "erf" in r.name)
+    assert gelu.plan and gelu.plan["tiles"], gelu
+
+
+def test_small_cnn_in_the_models_nchw_layout(device):
+    model = onnx_models.small_cnn(size=16)
+    cm = roller.compile_model(model, device, layout="NCHW")
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    by = _scheduled_by(cm)
+    assert all(by[n] == "roller" for n in by if "conv2d" in n) and not any("transpose" in n for n in by), by
+
+
+def test_exact_math_matches_onnxruntime(device):
+    model = onnx_models.transformer_block()
+    cm = roller.compile_model(model, device, fast_math=False)
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    names = [r.name for r in cm.report]
+    assert "softmax" in names and any("_erf_" in n for n in names) and not any("fast" in n for n in names), names
+
+
+def test_relax_module_input(device):
+    """A Relax IRModule (what from_exported_program gives) compiles like an ONNX model."""
+    model = onnx_models.small_cnn(size=16)
+    mod = frontend.import_onnx(model, frontend.onnx_inputs(model))
+    cm = roller.compile_model(mod, device, name="cnn_relax")
+    assert cm.inputs == {"x": ((1, 3, 16, 16), "float32")}
+    feeds = cm.random_inputs()
+    reference = frontend.onnxruntime_session(model, 1).run(None, feeds)
+    assert frontend.compare(cm.run(feeds), reference)["matches"]
+    with pytest.raises(roller.ModelError, match="--input only with an ONNX model"):
+        roller.compile_model(mod, device, inputs={"x": (1, 3, 16, 16)})
+
+
+def test_other_seed_still_matches(transformer):
+    model, cm = transformer
+    assert frontend.check_against_onnxruntime(cm, model, seed=7, time_it=False)["matches"]
+
+
+def test_roller_schedules_every_function_it_accepts(device):
+    """The rule chain never hands a function roller's analysis accepts to a fallback, and every function
+    comes out marked scheduled."""
+    from roller.errors import RollerError
+
+    model = onnx_models.small_cnn(size=16)
+    specs = frontend.onnx_inputs(model)
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, specs), roller.tvmutil.target_for(device))
+    sched = ScheduleModule(device)
+    out = sched(mod)
+    by = {r.name: r for r in sched.report}
+    import tvm
+    prims = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert set(by) == set(prims)
+    for name, func in prims.items():
+        try:
+            roller.analyze(func)
+            accepted = True
+        except RollerError:
+            accepted = False
+        assert (by[name].scheduled_by == "roller") == accepted, (name, by[name])
+        assert is_scheduled(out[name]), name
+        assert not is_scheduled(mod[name]), "the pass must not change its input module"
+
+
+def test_identical_functions_are_scheduled_once(device):
+    import tvm
+
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (8, 32)}, (8, 16),
+                   [("w", np.ones((32, 16)))])
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
+                                     roller.tvmutil.target_for(device))
+    name = next(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    mod[tvm.ir.GlobalVar("zz_copy")] = mod[name]
+    sched = ScheduleModule(device)
+    out = sched(mod)
+    rep = {r.name: r for r in sched.report}
+    assert rep[name].scheduled_by == "roller" and rep[name].reused is None
+    assert rep["zz_copy"].reused == name and rep["zz_copy"].scheduled_by == "roller"
+    import tvm_ffi
+    assert tvm_ffi.structural_equal(out[name], out["zz_copy"])
+
+
+# ---------------------------------------------------------------------------------------------
+# One kind of fused function at a time, against numpy
+
+def _conv_ref(x, w, b, pad):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))  # n c h w r s
+    return np.einsum("nchwrs,kcrs->nkhw", win, w) + b[None, :, None, None]
+
+
+_erf = np.vectorize(math.erf)
+
+
+def _case_conv_bias_relu(rng):
+    x, w, b = rng.normal(size=(1, 8, 10, 10)), rng.normal(size=(12, 8, 3, 3)), rng.normal(size=12)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    return _graph(nodes, {"x": x.shape}, (1, 12, 10, 10), [("w", w), ("b", b)]), {"x": x}, \
+        np.maximum(_conv_ref(x, w, b, 1), 0), "conv2d", "roller"
+
+
+def _case_conv_residual(rng):
+    x, w, b = rng.normal(size=(1, 8, 6, 6)), rng.normal(size=(8, 8, 3, 3)), rng.normal(size=8)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    return _graph(nodes, {"x": x.shape}, x.shape, [("w", w), ("b", b)]), {"x": x}, \
+        np.maximum(_conv_ref(x, w, b, 1) + x, 0), "conv2d", "roller"
+
+
+def _case_matmul_bias_gelu(rng):
+    x, w, b = rng.normal(size=(1, 12, 24)), rng.normal(size=(24, 40)) / 5, rng.normal(size=40)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Mul", ["a", "r2"], ["g0"]), helper.make_node("Erf", ["g0"], ["g1"]),
+             helper.make_node("Add", ["g1", "one"], ["g2"]), helper.make_node("Mul", ["a", "g2"], ["g3"]),
+             helper.make_node("Mul", ["g3", "half"], ["y"])]
+    h = x @ w + b
+    return _graph(nodes, {"x": x.shape}, (1, 12, 40),
+                  [("w", w), ("b", b), ("r2", np.array(2 ** -0.5)), ("one", np.array(1.0)), ("half", np.array(0.5))]), \
+        {"x": x}, 0.5 * h * (1 + _erf(h / 2 ** 0.5)), "matmul", "roller"
+
+
+def _case_softmax(rng):
+    x = rng.normal(size=(2, 6, 20)) * 3
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x.shape}, x.shape), {"x": x}, \
+        e / e.sum(-1, keepdims=True), "softmax", "dlight.Reduction"
+
+
+def _case_layer_norm(rng):
+    x, g, b = rng.normal(size=(1, 10, 48)), rng.uniform(0.5, 1.5, 48), rng.normal(size=48)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return _graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                  {"x": x.shape}, x.shape, [("g", g), ("b", b)]), {"x": x}, \
+        (x - mu) / np.sqrt(var + 1e-5) * g + b, "layer_norm", "dlight.Reduction"
+
+
+def _case_reduce_mean(rng):
+    x = rng.normal(size=(1, 16, 7, 7))
+    return _graph([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": x.shape}, (1, 16, 1, 1)), {"x": x}, \
+        x.mean((2, 3), keepdims=True), "mean", "roller"
+
+
+def _case_max_pool(rng):
+    x = rng.normal(size=(1, 8, 12, 12))
+    return _graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], {"x": x.shape},
+                  (1, 8, 6, 6)), {"x": x}, x.reshape(1, 8, 6, 2, 6, 2).max((3, 5)), "max_pool", "roller"
+
+
+def _case_batch_norm_relu(rng):
+    x = rng.normal(size=(1, 8, 5, 5))
+    s, b, m, v = rng.uniform(0.5, 1.5, 8), rng.normal(size=8), rng.normal(size=8), rng.uniform(0.5, 1.5, 8)
+    c = lambda a: a[None, :, None, None]  # noqa: E731
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    ref = np.maximum((x - c(m)) / np.sqrt(c(v) + 1e-5) * c(s) + c(b), 0)
+    return _graph(nodes, {"x": x.shape}, x.shape, [("s", s), ("b", b), ("m", m), ("v", v)]), {"x": x}, ref, \
+        "batch_norm", "roller"
+
+
+def _case_transpose(rng):
+    x = rng.normal(size=(2, 12, 20))
+    return _graph([helper.make_node("Transpose", ["x"], ["y"], perm=[2, 0, 1])], {"x": x.shape}, (20, 2, 12)), \
+        {"x": x}, x.transpose(2, 0, 1), "transpose", "roller"
+
+
+def _case_reshape_transpose(rng):
+    # the attention head merge: [1, h, s, d] -> [1, s, h, d] -> [1, s, h*d]; the reshape's index divides
+    x = rng.normal(size=(1, 2, 6, 8))
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]), helper.make_node("Reshape", ["t", "shape"], ["y"])]
+    model = _graph(nodes, {"x": x.shape}, (1, 6, 16))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 6, 16], np.int64), "shape"))
+    return model, {"x": x}, x.transpose(0, 2, 1, 3).reshape(1, 6, 16), "transpose", "generic"
+
+
+CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _case_softmax, _case_layer_norm,
+         _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__[6:] for c in CASES])
+def test_fused_function_against_numpy(case, device):
+    model, feeds, ref, fname, rule = case(np.random.default_rng(1))
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    cm = roller.compile_model(model, device)
+    (out,) = cm.run(feeds)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    main = [r for r in cm.report if fname in r.name]
+    assert len(main) == 1, cm.report
+    assert main[0].scheduled_by == rule, main[0]
+    assert all(r.scheduled_by != "none" for r in cm.report)
+
+
+def test_multi_output_function(device):
+    """Split gives one function with two outputs: roller declines it (one output per operator), a
+    fallback schedules it, both outputs are right."""
+    x = np.random.default_rng(4).normal(size=(2, 10, 32)).astype(np.float32)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 10, 16]) for n in ("y0", "y1")]
+    split = numpy_helper.from_array(np.array([16, 16], np.int64), "split")
+    model = helper.make_model(helper.make_graph([helper.make_node("Split", ["x", "split"], ["y0", "y1"], axis=2)],
+                                                "g", ins, outs, initializer=[split]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cm = roller.compile_model(model, device)
+    y0, y1 = cm.run({"x": x})
+    np.testing.assert_array_equal(y0, x[..., :16])
+    np.testing.assert_array_equal(y1, x[..., 16:])
+    (rep,) = [r for r in cm.report if "split" in r.name]
+    assert rep.scheduled_by not in ("roller", "none") and "output" in rep.reason, rep
+
+
+def test_profiled_plan_is_used_and_correct(device):
+    rng = np.random.default_rng(2)
+    x, w = rng.normal(size=(16, 64)).astype(np.float32), rng.normal(size=(64, 48))
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x.shape}, (16, 48), [("w", w)])
+    cm = roller.compile_model(model, device, profile=True, topk=2)
+    (out,) = cm.run({"x": x})
+    np.testing.assert_allclose(out, x @ w.astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert [r.scheduled_by for r in cm.report] == ["roller"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The generic fallback
+
+def test_generic_rule_parallel_and_vectorized(device):
+    """A symbolic-shape function roller declines still gets parallel outer loops and a vector loop."""
+    import tvm
+    from tvm import te
+
+    n = te.var("n", "int64")
+    a = te.placeholder((64, n), name="a")
+    b = te.compute((n, 64), lambda i, j: a[j, i] * 2.0, name="b")  # a transpose: injective, gathers
+    func = te.create_prim_func([a, b])
+    sch, why = GenericRule().attempt(func, device)
+    assert sch is not None, why
+    text = sch.mod["main"].script()
+    assert "T.parallel" in text and "T.vectorized" in text, text
+    ex = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), "llvm")
+    x = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32)
+    y = tvm.runtime.empty((5, 64), "float32", tvm.cpu())
+    ex["main"](tvm.runtime.tensor(x, tvm.cpu()), y)
+    np.testing.assert_allclose(y.numpy(), x.T * 2)
+
+
+def test_verify_declines_a_wrong_schedule(device):
+    """With verify, a rule whose schedule computes something else is declined and the next rule runs."""
+    import tvm
+    from tvm import te
+
+    from roller.relax import Rule
+
+    a = te.placeholder((16, 64), name="a")
+    right = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 1.0, name="b")])
+    wrong = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 2.0, name="b")])
+
+    class Wrong(Rule):
+        name = "wrong"
+
+        def attempt(self, func, dev):
+            return tvm.s_tir.Schedule(wrong), ""
+
+    mod = tvm.IRModule({"f": right})
+    sched = ScheduleModule(device, rules=[Wrong(), GenericRule()], verify=True)
+    out = sched(mod)
+    (rep,) = sched.report
+    assert rep.scheduled_by == "generic" and "wrong result" in rep.declined["wrong"], rep
+    assert is_scheduled(out["f"])
+    ex = tvm.compile(tvm.IRModule({"main": out["f"].with_attr("global_symbol", "main")}), "llvm")
+    x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
+    y = tvm.runtime.empty((16, 64), "float32", tvm.cpu())
+    ex["main"](tvm.runtime.tensor(x, tvm.cpu()), y)
+    np.testing.assert_allclose(y.numpy(), x + 1, rtol=1e-6)
+    unchecked = ScheduleModule(device, rules=[Wrong(), GenericRule()])
+    unchecked(mod)
+    assert unchecked.report[0].scheduled_by == "wrong"  # what verify is for
+
+
+def test_verify_passes_roller_schedules(device):
+    model = onnx_models.small_cnn(size=16)
+    cm = roller.compile_model(model, device, verify=True)
+    assert all(r.scheduled_by == "roller" for r in cm.report), [(r.name, r.declined) for r in cm.report]
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
+def test_roller_rule_declines_with_reason(device):
+    from roller.relax import RollerRule
+    from tvm import te
+
+    n = te.var("n", "int64")
+    a = te.placeholder((n, 64), name="a")
+    b = te.compute((n, 64), lambda i, j: a[i, j] + 1.0, name="b")
+    sch, why = RollerRule().attempt(te.create_prim_func([a, b]), device)
+    assert sch is None and "symbolic" in why
+
+
+# ---------------------------------------------------------------------------------------------
+# roller compile: the command line
+
+def _relu_model(shape=("N", 8)):
+    return _graph([helper.make_node("Relu", ["x"], ["y"])], {"x": shape}, shape)
+
+
+def test_cli_json_and_library(tmp_path, capsys):
+    import tvm
+    from tvm import relax
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(onnx_models.small_cnn(size=16, channels=8), str(path))
+    rc = cli.main(["compile", str(path), "--no-profile", "--json", "--out", str(tmp_path / "out")])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    for key in ("model", "device", "compile_seconds", "latency_seconds", "onnxruntime_latency_seconds",
+                "max_abs_error", "matches", "functions"):
+        assert key in report, key
+    assert report["matches"] is True and report["latency_seconds"] > 0 and report["onnxruntime_latency_seconds"] > 0
+    assert all({"name", "scheduled_by", "seconds"} <= set(f) for f in report["functions"])
+    assert any(f["scheduled_by"] == "roller" for f in report["functions"])
+    # the saved library runs in a VirtualMachine and gives onnxruntime's answer
+    lib = tvm.runtime.load_module(report["saved"]["library"])
+    vm = relax.VirtualMachine(lib, tvm.cpu())
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
+    ours = vm["main"](tvm.runtime.tensor(x, tvm.cpu())).numpy()
+    import onnxruntime as ort
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-3)
+
+
+def test_cli_symbolic_input_given(tmp_path, capsys):
+    path = tmp_path / "relu.onnx"
+    onnx.save(_relu_model(), str(path))
+    assert cli.main(["compile", str(path), "--input", "x=3x8", "--no-profile"]) == 0
+    out = capsys.readouterr().out
+    assert "matches onnxruntime" in out and "yes" in out
+
+
+def _bad_models(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a protobuf \x00\xff\x17")
+    dft = tmp_path / "dft.onnx"
+    onnx.save(_graph([helper.make_node("DFT", ["x"], ["y"])], {"x": (1, 4, 2)}, (1, 4, 2)), str(dft))
+    relu = tmp_path / "relu.onnx"
+    onnx.save(_relu_model(), str(relu))
+    return {
+        "does not parse": ([str(junk)], "not a readable ONNX model"),
+        "missing file": ([str(tmp_path / "none.onnx")], "no such file"),
+        "unsupported operator": ([str(dft)], "DFT"),
+        "symbolic, no --input": ([str(relu)], "--input x="),
+        "unknown input name": ([str(relu), "--input", "z=2x8"], "no input named 'z'"),
+        "wrong shape": ([str(relu), "--input", "x=2x9"], "does not fit"),
+        "wrong rank": ([str(relu), "--input", "x=2x8x1"], "does not fit"),
+        "malformed --input": ([str(relu), "--input", "x=2by8"], "expected NAME=DIMxDIMx"),
+    }
+
+
+@pytest.mark.parametrize("what", ["does not parse", "missing file", "unsupported operator", "symbolic, no --input",
+                                  "unknown input name", "wrong shape", "wrong rank", "malformed --input"])
+def test_cli_bad_input_one_line(what, tmp_path, capsys):
+    argv, expected = _bad_models(tmp_path)[what]
+    rc = cli.main(["compile", *argv, "--no-profile"])
+    err = capsys.readouterr().err
+    assert rc != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("roller: error:"), err
+    assert expected in lines[0] and "Traceback" not in err
