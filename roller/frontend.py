@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 
 from .device import Device, load_device
 from .errors import ModelError
+from .timing import time_alternately
 
 # Model outputs against onnxruntime: np.allclose(ours, theirs, rtol, atol) per output, by dtype. Looser
 # than a single kernel's check (roller.profile.TOLERANCE): a model chains dozens of reductions whose
@@ -397,27 +397,6 @@ def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict
     return {"max_abs_error": err, "matches": ok}
 
 
-def median_seconds(fns: Mapping[str, Callable[[], Any]], repeats: int = REPEATS) -> dict[str, float]:
-    """Median seconds per call of each callable; the callables are timed in alternation, repeat by repeat,
-    so that drift of the machine hits them alike, each repeat after a pause of SETTLE_SECONDS. Each
-    repeat runs a callable ~TARGET_REPEAT_SECONDS."""
-    number = {}
-    for k, fn in fns.items():
-        fn()  # warm-up (first-call costs: thread pools, caches)
-        t = time.perf_counter()
-        fn()
-        number[k] = max(1, int(TARGET_REPEAT_SECONDS / max(time.perf_counter() - t, 1e-7)))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            time.sleep(SETTLE_SECONDS)
-            t = time.perf_counter()
-            for _ in range(number[k]):
-                fn()
-            times[k].append((time.perf_counter() - t) / number[k])
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
                               repeats: int = REPEATS) -> dict:
     """Runs ``cm`` and onnxruntime on the same random inputs: max_abs_error, matches (MODEL_TOLERANCE),
@@ -428,7 +407,8 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
     reference = sess.run(None, feeds)
     result = compare(cm.run(feeds), reference)
     if time_it:
-        times = median_seconds({"roller": cm.run_fn(feeds), "onnxruntime": lambda: sess.run(None, feeds)}, repeats)
+        times = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
+                                 rounds=repeats, target=TARGET_REPEAT_SECONDS, repeats=1, settle=SETTLE_SECONDS)
         result["latency_seconds"] = times["roller"]
         result["onnxruntime_latency_seconds"] = times["onnxruntime"]
     result["tolerance"] = {"rtol_atol_by_dtype": {k: list(v) for k, v in MODEL_TOLERANCE.items()}}

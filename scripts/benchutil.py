@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: timing implementations alternately, the peer implementations
-(numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel numpy runs.
+"""What the benchmark scripts share: timing implementations alternately (roller.timing, re-exported
+here), the peer implementations (numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel
+numpy runs.
 
 Imported by scripts/bench_ops.py, scripts/bench_suite.py and scripts/bench_matmul.py (run as
 ``python scripts/NAME.py``, which puts scripts/ on sys.path).
@@ -8,57 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import math
 import os
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 
-def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` timed batches of ~``target`` seconds each.
-
-    A warm-up of ~``target`` seconds (at least 3 calls) comes first: first calls pay for JIT compilation,
-    primitive caches (oneDNN) and page faults, and sizing the batches from one of those would make
-    each batch a single slow call."""
-    best, n, end = math.inf, 0, time.perf_counter() + target
-    while n < 3 or time.perf_counter() < end:
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-        n += 1
-    number = max(1, int(target / max(best, 1e-7)))
-    res = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        res.append((time.perf_counter() - t) / number)
-    return statistics.median(res)
-
-
-SETTLE_SECONDS = 0.25  # pause before timing the next implementation (see time_alternately)
-
-
-def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
-                     repeats: int = 3, settle: float = SETTLE_SECONDS) -> dict[str, float]:
-    """Median seconds per call of each (name, fn), timed in turn ``rounds`` times in this process.
-
-    Alternating (rather than timing one implementation, then the next) exposes every implementation to
-    the same drift of a shared machine (other jobs, clock changes). Each timing starts ``settle`` seconds
-    after the previous one: a thread pool keeps its threads spinning for a while after its last call
-    (PyTorch's OpenMP, OpenBLAS, TVM's own pool) and steals the cores from whatever runs next: measured
-    here, roller's conv2d 56x56x64 ran at 1.59 ms right after PyTorch's conv and 1.15 ms after a pause
-    (and PyTorch with OMP_WAIT_POLICY=PASSIVE 2x slower, so the pause, not a passive policy, is fair)."""
-    times: dict[str, list[float]] = {name: [] for name, _ in impls}
-    for _ in range(rounds):
-        for name, fn in impls:
-            time.sleep(settle)
-            times[name].append(median_seconds(fn, target, repeats))
-    return {k: statistics.median(v) for k, v in times.items()}
+from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
 
 
 # ---------------------------------------------------------------------------------------------

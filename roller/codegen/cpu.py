@@ -425,6 +425,8 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
     sch.reorder(own[-1], src_inner)
     sch.vectorize(src_inner)
     return True
+
+
 def _buffer_order(expr: Expr, t, order: tuple[int, ...]) -> tuple[int, ...]:
     """The plan's layout ``order`` (over the dimensions of ``t`` as the Expr sees it, fused axes merged)
     over the buffer's own dimensions: a dimension indexed by a fused axis stands for that axis's parts,
