@@ -85,10 +85,29 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     seed = below_tiles[-1] if below_tiles else {}
     tile = _first_tile(expr, rules, seed, eps, extents)
 
+    # The growths below (the greedy one and one per held axis) meet the same tiles again and again:
+    # footprints and traffic are computed once per tile (construction time went mostly there).
+    memo: dict[tuple, int] = {}
+
+    def cached(kind: str, fn, t: Mapping[str, int]) -> int:
+        key = (kind, *t.values())
+        if key not in memo:
+            memo[key] = fn(t)
+        return memo[key]
+
+    def q(t, parent=None):
+        if parent is None:
+            return cached("q", lambda x: traffic(expr, x, rules), t)
+        return cached("qc" + repr(tuple(parent.values())), lambda x: traffic(expr, x, child_rules, parent), t)
+
+    def f(t):
+        return cached("f", lambda x: footprint(expr, x, rules), t)
+
     def held(t: dict[str, int]) -> int:
         """Bytes the tile holds at this level; at the top, with the copies of the inputs it packs."""
-        extra = packing_bytes(expr, list(below_tiles) + [t], device, vector_axis) if top and below_tiles else 0
-        return footprint(expr, t, rules) + extra
+        extra = (cached("p", lambda x: packing_bytes(expr, list(below_tiles) + [x], device, vector_axis), t)
+                 if top and below_tiles else 0)
+        return f(t) + extra
 
     if tile is None or held(tile) > rules.capacity:
         return []
@@ -119,7 +138,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                     continue
                 if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
                     continue
-                score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules)
+                score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules,
+                                    traffic_of=q, footprint_of=f)
                 if score > 0 and (best is None or score > best[0]):
                     best = (score, grown)
                 elif a.kind != REDUCE and (score == 0 or (score < 0 and not expr.reduce_axes)):

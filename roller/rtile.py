@@ -331,16 +331,25 @@ def aligned_sizes(extent: int, step: int, lower: int, epsilon: float, limit: int
 
 
 def reuse_score(expr: Expr, tile: Mapping[str, int], grown: Mapping[str, int], rules: LevelRules,
-                child: Mapping[str, int] | None = None, child_rules: LevelRules | None = None) -> float:
+                child: Mapping[str, int] | None = None, child_rules: LevelRules | None = None,
+                traffic_of=None, footprint_of=None) -> float:
     """S_i = (Q(T) - Q(T')) / (F(T') - F(T)): traffic saved per byte of extra footprint.
 
     With the tile of the level below (``child`` and its rules), the saving also counts that level's
-    traffic: a longer reduction here reloads the child's output tile fewer times.
+    traffic: a longer reduction here reloads the child's output tile fewer times. ``traffic_of(t,
+    parent=None)`` and ``footprint_of(t)`` may stand for ``traffic`` / ``footprint`` at this level (and
+    the child's traffic under parent ``t``), e.g. memoized by the constructor.
     """
-    dq = traffic(expr, tile, rules) - traffic(expr, grown, rules)
+    if traffic_of is None:
+        def traffic_of(t, parent=None):
+            return traffic(expr, t, rules) if parent is None else traffic(expr, t, child_rules, parent)
+    if footprint_of is None:
+        def footprint_of(t):
+            return footprint(expr, t, rules)
+    dq = traffic_of(tile) - traffic_of(grown)
     if child is not None and child_rules is not None:
-        dq += traffic(expr, child, child_rules, tile) - traffic(expr, child, child_rules, grown)
-    df = footprint(expr, grown, rules) - footprint(expr, tile, rules)
+        dq += traffic_of(child, tile) - traffic_of(child, grown)
+    df = footprint_of(grown) - footprint_of(tile)
     if df <= 0:
         return math.inf if dq > 0 else 0.0
     return dq / df
