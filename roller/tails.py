@@ -126,12 +126,18 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     - an input a producer stage of the function writes (``Expr.staged``, e.g. a convolution's own zero
       padding): its region, once per top tile, besides any copy above.
 
-    A packed input's plain copy (no padding, no transposition) is not charged: the model does not credit
-    what packing saves either (conflict-free dense rows), and charging one side only ranked packed plans
-    last while they ran fastest (matmul 1024^3)."""
+    A packed input's plain copy (no padding, no transposition) is not charged the first time: the model
+    does not credit what packing saves either (conflict-free dense rows), and charging one side only
+    ranked packed plans last while they ran fastest (matmul 1024^3). Copies of the same region again (top
+    tiles along an axis that does not index the input) are charged."""
     tiles = tile_counts(expr, top)[0]
     total = 0
     for t in expr.inputs:
+        if t.name in packed and not t.packed_order and not t.axes & set(padded):
+            # a plain pack is free the first time (see the docstring), not when the top tiles
+            # along an axis that does not index the input copy the same region again
+            distinct = math.prod(ceil_div(expr.axis(a).extent, top[a]) for a in t.axes)
+            total += 2 * math.prod(t.region(top)) * t.elem_bytes * (tiles - distinct)
         if t.name in expr.staged:  # the function's own producer stage (its zero padding), per top tile
             total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
         if t.packed_order:
