@@ -133,21 +133,22 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     tiles = tile_counts(expr, top)[0]
     total = 0
     for t in expr.inputs:
+        region = 2 * math.prod(t.region(top)) * t.elem_bytes  # one tile's region, read and written
         if t.name in packed and not t.packed_order and not t.axes & set(padded):
             # a plain pack is free the first time (see the docstring), not when the top tiles
             # along an axis that does not index the input copy the same region again
             distinct = math.prod(ceil_div(expr.axis(a).extent, top[a]) for a in t.axes)
-            total += 2 * math.prod(t.region(top)) * t.elem_bytes * (tiles - distinct)
+            total += region * (tiles - distinct)
         if t.name in expr.staged:  # the function's own producer stage (its zero padding), per top tile
-            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+            total += region * tiles
         if t.packed_order:
-            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+            total += region * tiles
         elif not t.axes & set(padded):
             continue
         elif is_window(t):
             total += 2 * math.prod(min(top[a], expr.axis(a).extent) for a in t.axes) * t.elem_bytes * tiles
         elif copied_per_tile(t, packed):
-            total += 2 * math.prod(t.region(top)) * t.elem_bytes * tiles
+            total += region * tiles
         else:
             total += 2 * math.prod(t.shape) * t.elem_bytes
     if padded:
