@@ -210,6 +210,7 @@ def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], 
     plan) and the reference (index -1) always run to the end.
     """
     results: dict[int, tuple] = {}
+    programs = dict(jobs)
     queue = list(jobs)
     protected = {-1, jobs[0][0]} if jobs else {-1}
     workers = max(1, min(device.units.count, len(jobs)))
@@ -251,10 +252,10 @@ def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], 
                     inflight.clear()
                     pool.shutdown(wait=True, cancel_futures=True)
                     for i in lost:
-                        done(i, _build_alone(func_json, expr, dict(jobs)[i], device, out_dir, i, hook))
+                        done(i, _build_alone(func_json, expr, programs[i], device, out_dir, i, hook))
                     pool = _new_pool(workers)
                     break
-            if (not finished and spent and budget is not None and time.perf_counter() - t0 >= 2 * budget
+            if (not finished and spent and time.perf_counter() - t0 >= 2 * budget
                     and not protected & set(inflight.values())):
                 for i in inflight.values():
                     done(i, (None, None, STOPPED, ()))
