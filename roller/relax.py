@@ -309,6 +309,7 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
     import tvm
     from tvm import tirx
 
+    from .frontend import random_arrays
     from .profile import TOLERANCE
     from .tvmutil import target_for
 
@@ -316,12 +317,8 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
     if not all(isinstance(getattr(p, "ty", None), tirx.buffer.BufferType)
                and all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
         return ""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for p in params:
-        shape, dtype = tuple(int(d) for d in p.shape), str(p.dtype)
-        arrays.append(rng.uniform(-1, 1, shape).astype(dtype) if "float" in dtype
-                      else rng.integers(0, 4, shape).astype(dtype))
+    arrays = list(random_arrays({str(i): (tuple(int(d) for d in p.shape), str(p.dtype))
+                                 for i, p in enumerate(params)}, seed).values())
     target, dev = target_for(device), tvm.cpu()
     results = []
     for f in (func, scheduled):
