@@ -241,3 +241,17 @@ def test_reduce_vector_axis_narrower_than_a_vector_stays_scalar(device):
     assert expr.vector_axis == "n"
     text = schedule(func, expr, program(expr, (16, 4), (32, 64), (32, 256)), device).mod.script()
     assert "B_rf" not in text and "B_local" in text
+
+
+@pytest.mark.build
+def test_window_reduce_loop_stays_rolled_where_unrolling_would_spill(device):
+    """A stem-like conv (stride 2, 7x7, register tile w16 x k16 x s7) keeps its s loop rolled
+    (roller.tails.rolled_reduce_axes) and matches numpy; the register loops over w stay unrolled."""
+    shape = dict(N=1, H=40, W=40, C=3, K=16, R=7, S=7, stride=2, pad=3)
+    tiles = ((1, 1, 16, 16, 1, 7, 1), (1, 1, 16, 16, 1, 7, 3), (1, 4, 16, 16, 7, 7, 3))
+    expr, prog = check("conv2d", shape, device, lambda e: program(e, *tiles))
+    sch = schedule(analysed("conv2d", shape)[1], expr, prog, device)
+    kinds = {str(sch.get(lp).loop_var.name): int(sch.get(lp).kind) for lp in sch.get_loops(sch.get_sblock("conv_update"))}
+    import tvm
+    assert kinds["s"] == int(tvm.tirx.ForKind.SERIAL), kinds
+    assert any(k == int(tvm.tirx.ForKind.UNROLLED) for name, k in kinds.items() if name.startswith("w")), kinds

@@ -8,7 +8,7 @@ from roller.api import analyze, build_op
 from roller.construct import construct
 from roller.device import load_device
 from roller.rtile import LevelRules, exact_axes, footprint, gathers, layout_expr, transposes, vector_candidates
-from roller.tails import partial_sums
+from roller.tails import partial_sums, rolled_reduce_axes
 
 from policy_exprs import conv2d_nhwc, cpu, matmul, reduce_rows
 
@@ -202,3 +202,15 @@ def test_copy_bytes_charge_packing_the_same_region_again():
     twice = copy_bytes(e, {"m": 100, "n": 64, "k": 256}, (), ("B",))
     assert once == 0
     assert twice == 2 * 256 * 64 * b.elem_bytes * (2 * 48 * 3 - 48 * 3)  # one more copy of each B region
+
+
+def test_window_register_tiles_too_big_to_unroll_keep_the_reduce_loop_rolled():
+    # the ResNet stem: w16 x k16 x s7, stride 2: 15 * 2 + 7 = 37 distinct broadcasts + 16 accumulators > 32
+    stem = conv2d_nhwc(1, 112, 112, 64, 3, 7, 7, stride=2)
+    reg = dict(n=1, h=1, w=16, k=16, r=1, s=7, c=1)
+    assert rolled_reduce_axes(stem, reg, "k", 16, 32) == {"s"}
+    # stride-2 3x3, h7 x k32 x r3: 15 broadcasts + 14 accumulators = 29 fit in 32: unrolled
+    s2 = conv2d_nhwc(1, 28, 28, 64, 64, 3, 3, stride=2)
+    assert not rolled_reduce_axes(s2, dict(n=1, h=7, w=1, k=32, r=3, s=1, c=1), "k", 16, 32)
+    # no window shared by a spatial and a reduce axis of the tile (s = 1): nothing to roll
+    assert not rolled_reduce_axes(stem, dict(reg, s=1), "k", 16, 32)

@@ -32,7 +32,7 @@ from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
-from ..tails import tiling_extents
+from ..tails import rolled_reduce_axes, tiling_extents
 
 
 @dataclass
@@ -347,8 +347,11 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             sch.unroll(outer)
         if vext > 1:
             sch.vectorize(vloop)
+    rolled = rolled_reduce_axes(expr, {a.name: a.sizes[0] for a in axes}, vname, lanes,
+                                device.private_levels[0].capacity_bytes // device.units.vector_bytes)
     for a in axes:
-        if a is not vec and a.levels[0] is not None and _loop_extent(sch, a.levels[0]) > 1:
+        if (a is not vec and a.name not in rolled and a.levels[0] is not None
+                and _loop_extent(sch, a.levels[0]) > 1):
             sch.unroll(a.levels[0])
     if grid is not None and _loop_extent(sch, grid) > 1:
         sch.parallel(grid)
