@@ -305,6 +305,12 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             producer = sch.cache_read(block, _read_index(sch, block, t.name), "global")
         if producer is None:
             continue
+        for stage in sch.get_producers(producer):
+            # a stage of the function behind this copy (a convolution's zero padding behind its padded,
+            # re-indexed window) is folded into the copy, or else runs at root over the cores: left as
+            # it was, it ran serial and scalar (nas 3x3 conv on 42x42x84: a 44x44x84 copy, one core)
+            if not _try(None, "inline", sch.compute_inline, stage):
+                _parallel_root(sch, stage, lanes, notes)
         if layout:
             _transpose(sch, producer, layout)
         if t.name in root_copies or pack_at is None:
