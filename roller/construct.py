@@ -23,7 +23,7 @@ from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
-from .tails import overhangs, partial_sums, tail_options, tiling_extents
+from .tails import partial_sums, predicated_axes, tail_options, tiling_extents
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -175,7 +175,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
     packed, pads = packing(expr, tiles, device, vector_axis)
     layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
     lanes = compute_lanes(expr, device)
-    predicated = () if padded else overhangs(expr, tiles, vector_axis, lanes)
+    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
     foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, vector_axis)

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
 from .rtile import LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tile_counts, traffic
-from .tails import (copy_bytes, overhangs, partial_sums, scalar_fraction, tail_options, tiling_extents,
+from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options, tiling_extents,
                     transposed_elements)
 
 
@@ -119,12 +119,15 @@ def data_source(expr: Expr, device: Device) -> MemoryLevel:
     return shared[-1]
 
 
-def padded_flops(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], lanes: int,
-                 vector_axis: str | None = None) -> float:
+def padded_flops(expr: Expr, tiles: Sequence[Mapping[str, int]], lanes: int, vector_axis: str | None = None,
+                 padded: tuple[str, ...] = ()) -> float:
     """Flops the kernel executes: whole top tiles over the tiling extents (the vector axis in whole
-    vectors), and a register tile narrower than a vector along the vector axis still issues whole vectors."""
+    vectors; a padded axis up to its tiles as code generation clamps them, ``tails.clamped_top``), and a
+    register tile narrower than a vector along the vector axis still issues whole vectors."""
     ext = tiling_extents(expr, vector_axis, lanes)
-    pts = math.prod(round_up(ext[a.name], min(top[a.name], ext[a.name])) for a in expr.axes)
+    top, reg = tiles[-1], tiles[0]
+    pts = math.prod(round_up(ext[a.name], clamped_top(expr, tiles, a.name, vector_axis, lanes)
+                             if a.name in padded else min(top[a.name], ext[a.name])) for a in expr.axes)
     if vector_axis is not None and lanes > 1:
         t = min(reg[vector_axis], ext[vector_axis])
         pts *= round_up(t, lanes) / t
@@ -178,10 +181,11 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis)
     if padded is None:
-        padded = tail_options(expr, tiles, vector_axis, lanes)[-1][0]
-    predicated = () if padded else overhangs(expr, tiles, vector_axis, lanes)
+        # everything padded where every overhanging axis can be, else nothing
+        padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
+    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     slow = scalar_fraction(expr, tiles, vector_axis, lanes, predicated)
-    compute_all = padded_flops(expr, tiles[-1], tiles[0], lanes, vector_axis) * (1 + slow * (lanes - 1)) / (rate * 1e9)
+    compute_all = padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)
     packed, _ = packing(expr, list(tiles), device, vector_axis)

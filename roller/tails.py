@@ -64,16 +64,33 @@ def overhangs(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str |
                  if round_up(a.extent, clamped_top(expr, tiles, a.name, vector_axis, lanes)) != a.extent)
 
 
+def predicated_axes(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
+                    padded: tuple[str, ...]) -> tuple[str, ...]:
+    """The overhanging axes a plan leaves to bounds checks: those it does not pad."""
+    return tuple(a for a in overhangs(expr, tiles, vector_axis, lanes) if a not in padded)
+
+
 def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None = None,
                  lanes: int = 1) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """The ways a plan may cover its overhanging axes, as (padded axes, predicated axes): predicated,
-    and padded when ``can_pad`` allows every overhanging axis (pad_einsum pads the block as a whole).
-    Construction makes a plan of each; the model charges the copies of one and the scalar tail of the
-    other."""
+    """The ways a plan may cover its overhanging axes, as (padded axes, predicated axes): predicated;
+    the axes a bound would slow down padded, the others predicated; last, everything padded when
+    ``can_pad`` allows every overhanging axis.
+    Construction makes a plan of each; the model charges each its copies and its scalar tails."""
     over = overhangs(expr, tiles, vector_axis, lanes)
     if not over:
         return [((), ())]
     options = [((), over)]
+    # Some axes padded, the others predicated: the vector axis (a predicated vector loop runs scalar),
+    # and with it the axes whose register tile overhangs (a bound inside the unrolled register tile
+    # branches per row). Which is faster depends on the copies padding makes (a window's padded axis
+    # re-indexes the window per tile): the mixed plans of a nas 3x3 conv on 42x42x84 ran 1.5x faster
+    # than all padded, a 127x251x509 matmul's 1.3x, a 71x71x36 1x1 conv's only with h padded too.
+    ext = tiling_extents(expr, vector_axis, lanes)
+    inner = tuple(a for a in over if a == vector_axis
+                  or ext[a] % clamp_tiles(ext[a], [t[a] for t in tiles])[0])
+    for part in dict.fromkeys(((vector_axis,) if vector_axis in over else (), inner)):
+        if part and len(part) < len(over) and all(can_pad(expr, a) for a in part):
+            options.append((part, tuple(a for a in over if a not in part)))
     if all(can_pad(expr, a) for a in over):
         options.append((over, ()))
     return options

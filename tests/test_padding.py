@@ -15,7 +15,7 @@ from roller.construct import construct
 from roller.device import load_device
 from roller.errors import BuildError
 from roller.rprogram import RProgram
-from roller.tails import tail_options
+from roller.tails import overhangs, tail_options
 
 LEVELS = ("reg", "L1", "L2")
 
@@ -89,7 +89,10 @@ def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, o
     over = next((p for p in plans if p.padded or p.predicated), None)
     assert over is not None, f"{op} {shape}: no constructed plan overhangs, the case tests nothing"
     options = tail_options(expr, over.tiles, over.vector_axis, 16)
-    assert len(options) == 2, "every overhanging axis of these einsums can be padded"
+    every = overhangs(expr, over.tiles, over.vector_axis, 16)
+    # every overhanging axis of these einsums can be padded; mixed plans pad some, predicate the rest
+    assert ((), every) in options and (every, ()) in options
+    assert all(set(pads) | set(preds) == set(every) and not set(pads) & set(preds) for pads, preds in options)
     for pads, preds in options:
         plans.append(replace(over, padded=pads, predicated=preds))
     for p in plans:
@@ -172,7 +175,7 @@ def test_epilogue_is_kept_through_the_crop(device):
 
 @pytest.mark.build
 def test_max_reduction_does_not_pad_its_reduce_axis(device):
-    """Zero padding of k would add max(.., 0) terms: the policy only predicates, and codegen refuses a
+    """Zero padding of k would add max(.., 0) terms: the policy predicates k, and codegen refuses a
     plan that pads it anyway."""
     from tvm import te
 
@@ -184,9 +187,9 @@ def test_max_reduction_does_not_pad_its_reduce_axis(device):
     expr, func = api_analyze(te.create_prim_func([A, B, C]))
     assert expr.zero_pad_axes == ()
     prog = program(expr, (4, 16, 1), (8, 16, 4), (8, 32, 4))
-    assert prog.padded == () and "k" in prog.predicated
+    assert "k" not in prog.padded and "k" in prog.predicated  # the vector axis n may be padded
     with pytest.raises(BuildError, match="zero padding would change the result"):
-        pad_to_tiles(func, expr, replace(prog, padded=prog.predicated, predicated=()), 16)
+        pad_to_tiles(func, expr, replace(prog, padded=prog.padded + prog.predicated, predicated=()), 16)
     rng = np.random.default_rng(2)
     ins = [rng.uniform(-1, -0.5, (M, K)).astype("float32"), rng.uniform(0.5, 1, (K, N)).astype("float32")]
     ref = (ins[0][:, :, None].astype("float64") * ins[1][None]).max(axis=1)  # all negative: a 0 would win
@@ -203,3 +206,21 @@ def test_streaming_and_fused_plans_are_not_padded(device):
     assert len(expr.axes) == 1 and len(expr.axes[0].parts) == 2
     (axis,) = expr.axes
     assert tail_options(expr, ({axis.name: 16}, {axis.name: 64}, {axis.name: 256}), axis.name, 16) == [((), (axis.name,))]
+
+
+def test_mixed_tails_pad_the_vector_axis_and_predicate_the_outer_bounds():
+    """A conv whose channels (84) overhang both the vector axis k and the reduce axis c: besides padding
+    both (which re-indexes the window per tile) a plan may pad k only and bound the c loop."""
+    from policy_exprs import conv2d_nhwc
+
+    expr = conv2d_nhwc(1, 42, 42, 84, 84, 3, 3)
+    tiles = [dict(n=1, h=7, w=1, k=32, r=3, s=1, c=1), dict(n=1, h=42, w=1, k=32, r=3, s=1, c=16),
+             dict(n=1, h=42, w=7, k=96, r=3, s=1, c=96)]
+    options = tail_options(expr, tiles, "k", 16)
+    assert (("k", "c"), ()) in options and ((), ("k", "c")) in options and (("k",), ("c",)) in options
+    # a register tile that overhangs its axis (h 9 into 71) is padded with the vector axis in one option
+    expr = conv2d_nhwc(1, 71, 71, 36, 36, 1, 1)
+    tiles = [dict(n=1, h=9, w=1, k=48, r=1, s=1, c=1), dict(n=1, h=18, w=1, k=48, r=1, s=1, c=36),
+             dict(n=1, h=72, w=18, k=48, r=1, s=1, c=36)]
+    options = tail_options(expr, tiles, "k", 16)
+    assert (("h", "k"), ("w",)) in options and (("k",), ("h", "w")) in options
