@@ -224,3 +224,16 @@ def test_mixed_tails_pad_the_vector_axis_and_predicate_the_outer_bounds():
              dict(n=1, h=72, w=18, k=48, r=1, s=1, c=36)]
     options = tail_options(expr, tiles, "k", 16)
     assert (("h", "k"), ("w",)) in options and (("k",), ("h", "w")) in options
+
+
+def test_predicated_vector_axis_runs_only_its_partial_vector_scalar():
+    """Lowering splits the overhanging iterations off each tiled loop and the unrolled register tile's
+    whole vectors keep true bounds: 84 channels in tiles of 48 (or 16) leave 4 of 84 lanes scalar."""
+    from policy_exprs import elementwise
+    from roller.tails import scalar_fraction
+
+    expr = elementwise(10, 84)
+    for c in (16, 48):
+        tiles = [dict(a0=1, a1=c), dict(a0=2, a1=c), dict(a0=10, a1=c)]
+        assert scalar_fraction(expr, tiles, "a1", 16, ("a1",)) == pytest.approx(4 / 84)
+        assert scalar_fraction(expr, tiles, "a1", 16, ()) == 0.0
