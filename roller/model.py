@@ -61,6 +61,18 @@ def tile_overhead(device: Device) -> float:
     return TILE_OVERHEAD_CYCLES * cycle_seconds(device)
 
 
+# Fixed cost of running a kernel over several units: TVM's thread pool wakes its workers and joins them
+# on every call. Measured here (one process, alternating): add_relu over 2x4096 elements on 2 cores 2.1 us,
+# over 64x16 on 2 cores 2.3 us, over 16 elements on one core (no parallel loop) 0.3 us: ~1.9 us, ~5000
+# cycles of the spec's 2.6 GHz clock.
+PARALLEL_LAUNCH_CYCLES = 5000
+
+
+def launch_seconds(device: Device, units: int) -> float:
+    """Seconds a kernel spends starting and joining its parallel loop (none on one unit)."""
+    return PARALLEL_LAUNCH_CYCLES * cycle_seconds(device) if units > 1 else 0.0
+
+
 # Cycles one element of a transposed pack costs (tails.transposed_elements): the copy reads its source in
 # runs of a vector and writes one scalar per element (codegen/cpu._block_transpose), and it runs before the
 # tile's compute, not under it. Measured: a [1000, 2048] weight packed for a batch-32 fc layer added
@@ -206,5 +218,5 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
-    return Estimate(seconds=waves * worst, compute_seconds=compute_all / units, memory_seconds=mem,
+    return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units, memory_seconds=mem,
                     traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units, waves=waves)

@@ -7,7 +7,7 @@ import pytest
 from policy_exprs import conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
 from roller.construct import EPSILON_STEPS, construct
 from roller.expr import fuse_axes
-from roller.model import TIE, estimate, tile_overhead
+from roller.model import TIE, estimate, launch_seconds, tile_overhead
 from roller.rprogram import RProgram
 from roller.rtile import ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, tile_counts
 from roller.tails import tiling_extents
@@ -109,8 +109,9 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     assert best.tiles[0]["j"] % 16 == 0 and best.tiles[0]["i"] >= 4 and best.tiles[0]["k"] == 1
     assert "B" in best.packed  # B's rows are strided in the top tile and re-read by every row block
     # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile
-    assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * tile_overhead(DEV),
-                                                   rel=1e-6)
+    # and of starting the parallel loop
+    assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * tile_overhead(DEV)
+                                                   + launch_seconds(DEV, 4), rel=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(1023, 1021, 1025), (17, 13, 5), (1, 1, 1), (1, 4096, 7), (3, 3, 1 << 16)])
@@ -171,10 +172,11 @@ def test_model_by_hand_memory_bound_elementwise():
     est = estimate(e, tiles, DEV)
     # 16 top tiles over 4 units: 4 waves. The 12 MiB fit L3 (16 MiB): its bandwidth per unit is
     # min(40, 80 / 4) = 20 GB/s; L2 is filled with 12 MiB, a sixteenth per tile; each tile also costs the
-    # model's fixed overhead.
+    # model's fixed overhead; the kernel, that of starting its parallel loop.
     assert (est.tiles, est.units, est.waves) == (16, 4, 4)
     assert est.traffic_bytes["L2"] == 3 * 4 * (1 << 20)
-    assert est.seconds == pytest.approx(4 * ((12 * 2 ** 20 / 20e9) / 16 + tile_overhead(DEV)))
+    assert est.seconds == pytest.approx(4 * ((12 * 2 ** 20 / 20e9) / 16 + tile_overhead(DEV)) + launch_seconds(DEV, 4))
+    assert launch_seconds(DEV, 1) == 0.0 < launch_seconds(DEV, 4)
 
 
 def test_calibrated_figures_change_the_prediction():
