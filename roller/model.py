@@ -27,8 +27,8 @@ from typing import Mapping, Sequence
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
 from .rtile import LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tile_counts, traffic
-from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options, tiling_extents,
-                    transposed_elements)
+from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options,
+                    tiling_extents, transposed_elements)
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         # everything padded where every overhanging axis can be, else nothing
         padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
-    slow = scalar_fraction(expr, tiles, vector_axis, lanes, predicated)
+    slow = scalar_fraction(expr, vector_axis, lanes, predicated)
     compute_all = padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
     per_tile = compute_all / spatial
     source = data_source(expr, device)
@@ -218,5 +218,6 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
-    return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units, memory_seconds=mem,
-                    traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units, waves=waves)
+    return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,
+                    memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,
+                    waves=waves)

@@ -96,8 +96,7 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: st
     return options
 
 
-def scalar_fraction(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
-                    predicated: tuple[str, ...]) -> float:
+def scalar_fraction(expr: Expr, vector_axis: str | None, lanes: int, predicated: tuple[str, ...]) -> float:
     """The fraction of the iteration space whose vector loop carries a bound and so runs scalar: the lanes
     past the last whole vector along a predicated vector axis. Lowering splits the overhanging iterations
     off every tiled loop of the axis (loop partition), and in the unrolled register tile the whole vectors

@@ -233,7 +233,5 @@ def test_predicated_vector_axis_runs_only_its_partial_vector_scalar():
     from roller.tails import scalar_fraction
 
     expr = elementwise(10, 84)
-    for c in (16, 48):
-        tiles = [dict(a0=1, a1=c), dict(a0=2, a1=c), dict(a0=10, a1=c)]
-        assert scalar_fraction(expr, tiles, "a1", 16, ("a1",)) == pytest.approx(4 / 84)
-        assert scalar_fraction(expr, tiles, "a1", 16, ()) == 0.0
+    assert scalar_fraction(expr, "a1", 16, ("a1",)) == pytest.approx(4 / 84)  # whatever the top tile
+    assert scalar_fraction(expr, "a1", 16, ()) == 0.0
