@@ -133,6 +133,32 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
     return expr, accumulator
 
 
+def _gathers(block) -> bool:
+    """Whether the block loads at an index that stays divided or remaindered once its iter vars' ranges
+    simplify it (a layout change, e.g. a grouped convolution's input channels replicated per output
+    channel; a reshape's ``(i * 16 + j) // 16`` simplifies to ``i`` and is not one): inlined, that index
+    would reach the main block and make it non-affine."""
+    from tvm import ir, tirx
+
+    divided = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
+    simplify = _simplifier(block)
+    found = []
+
+    def in_index(e):
+        if isinstance(e, divided):
+            found.append(e)
+        return True
+
+    def visit(e):
+        if isinstance(e, ir.expr.TensorLoad):
+            for i in e.indices:
+                _walk(simplify(i), in_index)
+        return True
+
+    _walk(block.body.value, visit)
+    return bool(found)
+
+
 # ---------------------------------------------------------------------------------------------
 # Input normalization and checks
 
@@ -221,6 +247,32 @@ def _has_conditional(expr) -> bool:
     return bool(found)
 
 
+def _gathers(block) -> bool:
+    """Whether the block loads at an index that stays divided or remaindered once its iter vars' ranges
+    simplify it (a layout change, e.g. a grouped convolution's input channels replicated per output
+    channel; a reshape's ``(i * 16 + j) // 16`` simplifies to ``i`` and is not one): inlined, that index
+    would reach the main block and make it non-affine."""
+    from tvm import ir, tirx
+
+    divided = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
+    simplify = _simplifier(block)
+    found = []
+
+    def in_index(e):
+        if isinstance(e, divided):
+            found.append(e)
+        return True
+
+    def visit(e):
+        if isinstance(e, ir.expr.TensorLoad):
+            for i in e.indices:
+                _walk(simplify(i), in_index)
+        return True
+
+    _walk(block.body.value, visit)
+    return bool(found)
+
+
 # ---------------------------------------------------------------------------------------------
 # Normalization with schedule primitives
 
@@ -243,9 +295,9 @@ def _inline(sch, root, main_name: str | None) -> tuple[str, ...]:
             name = block.name_hint
             if name == main_name or _is_reduction(block):
                 continue
-            if _has_conditional(block.body.value) and not _writes_param(sch, block) and (
-                    main_rv is None or name in _upstream(sch, main_rv)):
-                continue  # padding: code generation places it
+            if ((_has_conditional(block.body.value) or _gathers(block)) and not _writes_param(sch, block)
+                    and (main_rv is None or name in _upstream(sch, main_rv))):
+                continue  # padding, or a layout gather: code generation places it
             try:
                 sch.compute_inline(rv)
             except ScheduleError:  # not applicable (an output block, or a consumer it cannot inline into)
@@ -302,6 +354,32 @@ def _classify_rest(sch, blocks: dict, main_name: str, ctx: str) -> tuple[tuple[s
             f"{ctx}: blocks {', '.join(rest)} are left after inlining besides the main block {main_name!r}; roller "
             f"supports a main block, padding producers and one elementwise epilogue: split the function")
     return producers, rest[0]
+
+
+def _gathers(block) -> bool:
+    """Whether the block loads at an index that stays divided or remaindered once its iter vars' ranges
+    simplify it (a layout change, e.g. a grouped convolution's input channels replicated per output
+    channel; a reshape's ``(i * 16 + j) // 16`` simplifies to ``i`` and is not one): inlined, that index
+    would reach the main block and make it non-affine."""
+    from tvm import ir, tirx
+
+    divided = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
+    simplify = _simplifier(block)
+    found = []
+
+    def in_index(e):
+        if isinstance(e, divided):
+            found.append(e)
+        return True
+
+    def visit(e):
+        if isinstance(e, ir.expr.TensorLoad):
+            for i in e.indices:
+                _walk(simplify(i), in_index)
+        return True
+
+    _walk(block.body.value, visit)
+    return bool(found)
 
 
 # ---------------------------------------------------------------------------------------------
