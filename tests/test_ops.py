@@ -302,6 +302,7 @@ CASES = [
     ("conv2d", {"N": 1, "H": 9, "W": 7, "C": 2, "K": 3, "R": 3, "S": 3, "pad": 2, "dilation": 2}),
     ("conv2d", {"N": 2, "H": 9, "W": 7, "C": 6, "K": 9, "R": 3, "S": 2, "stride": 2, "pad": 1, "groups": 3}),
     ("conv2d", {"N": 1, "H": 7, "W": 5, "C": 5, "K": 5, "R": 3, "S": 3, "pad": 2, "dilation": 2, "groups": 5}),
+    ("conv2d", {"N": 1, "H": 6, "W": 5, "C": 4, "K": 16, "R": 3, "S": 3, "pad": 1, "groups": 2}),  # 8 a group: g, j
     ("depthwise_conv2d", {"N": 1, "H": 7, "W": 5, "C": 3, "R": 3, "S": 3, "pad": 1}),
     ("depthwise_conv2d", {"N": 2, "H": 11, "W": 13, "C": 7, "R": 3, "S": 2, "stride": 2, "pad": 1, "dilation": 2}),
     ("depthwise_conv2d", {"N": 1, "H": 1, "W": 1, "C": 1, "R": 1, "S": 1}),
@@ -377,9 +378,16 @@ def test_new_ops_analyse_as_one_reduction_with_padding_and_epilogue():
     mx = analyze(ops.OPS["pool2d"].make(pool))
     assert (mx.expr.block, mx.epilogue_block, mx.producer_blocks) == ("pool", None, ("pad_temp",))
     assert [a.kind for a in mx.expr.axes] == ["spatial"] * 4 + ["reduce"] * 2
-    grouped = analyze(ops.OPS["conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 4, "K": 6, "R": 3, "S": 3, "groups": 2}))
+    grouped = analyze(ops.OPS["conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 4, "K": 16, "R": 3, "S": 3, "groups": 2}))
     assert [a.name for a in grouped.expr.axes] == ["n", "h", "w", "g", "j", "r", "s", "c"]
-    assert grouped.expr.output.shape == (1, 4, 4, 6) and grouped.expr.output.index[-1] == (("g", 3), ("j", 1))
+    assert grouped.expr.output.shape == (1, 4, 4, 16) and grouped.expr.output.index[-1] == (("g", 8), ("j", 1))
+    # fewer than ops.GROUP_REPLICATE_BELOW output channels a group: a kept gather stage gives every output
+    # channel its group's inputs, and the convolution vectorizes over all of them
+    narrow = analyze(ops.OPS["conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 4, "K": 6, "R": 3, "S": 3, "pad": 1,
+                                            "groups": 2}))
+    assert narrow.producer_blocks == ("pad_temp", "group_rep") and narrow.expr.staged == ("group_rep",)
+    assert [a.name for a in narrow.expr.axes] == ["n", "h", "w", "k", "r", "s", "c"]
+    assert {t.name: t.shape for t in narrow.expr.inputs}["group_rep"] == (1, 8, 8, 2, 6)
     dw = analyze(ops.OPS["depthwise_conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 5, "R": 3, "S": 3, "pad": 1}))
     assert dw.producer_blocks == ("pad_temp",) and [a.name for a in dw.expr.axes if a.kind == "reduce"] == ["r", "s"]
     nt = analyze(ops.OPS["matmul"].with_options(layout="nt").make({"M": 3, "N": 4, "K": 5}))
