@@ -86,11 +86,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
                   cache, options)
 
 
-def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
-           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
-    """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
-    a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
-    t0 = time.perf_counter()
+def _prepare(func, device, name, shape, options, dtype) -> tuple[Device, Expr, Any, dict]:
+    """(device, fused Expr, normalized PrimFunc, report labels) of a function about to be built."""
     dev = _device(device)
     from .codegen import KINDS
     if dev.kind not in KINDS:
@@ -103,6 +100,58 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         labels["options"] = dict(options)
     if dtype is not None:
         labels["dtype"] = dtype
+    return dev, expr, norm, labels
+
+
+def cache_options(profile: bool, topk: int, build_budget: float | None) -> dict:
+    """The build options that enter the kernel cache's key: the tier (profiled or the model's top-1),
+    and for the profiled tier how many plans and how many seconds of building."""
+    return {"profile": bool(profile), "topk": topk if profile else 1,
+            "build_budget": build_budget if profile else None}
+
+
+def _loader(dev: Device, expr: Expr, labels: Mapping, t0: float) -> Callable:
+    """Turns a cache entry into a BuildResult (its module loaded, its report relabelled for this call)."""
+
+    def load(entry) -> BuildResult:
+        import tvm
+
+        from .tvmutil import set_threads
+
+        set_threads(dev.units.count)  # before the runtime's pool starts, as for a fresh build
+        module = tvm.runtime.load_module(entry.library)
+        report = dict(entry.report)
+        program = RProgram.from_dict(report.pop("program"))
+        report.update(labels, cached_build_seconds=report["build_seconds"], build_seconds=time.perf_counter() - t0)
+        return BuildResult(module=module, program=program, report=report, expr=expr, device=dev,
+                           library=entry.library)
+
+    return load
+
+
+def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
+           build_budget: float | None = BUILD_BUDGET_SECONDS, name: str | None = None) -> BuildResult | None:
+    """The kernel :func:`build` with these arguments would return from the kernel cache, or None when the
+    cache holds none (or an unreadable one); never builds. The JIT asks it for the profiled tier."""
+    from . import cache as kcache
+
+    t0 = time.perf_counter()
+    dev, expr, norm, labels = _prepare(func, device, name, None, None, None)
+    options = cache_options(profile, topk, build_budget)
+    store = kcache.open_store()
+    key, _ = kcache.kernel_key(norm, dev, options)
+    found = kcache.lookup(store, key, _loader(dev, expr, labels, t0))
+    if found is not None:
+        found.report.update(cache="hit", cache_key=key, cache_options=options)
+    return found
+
+
+def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
+           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
+    """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
+    a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
+    t0 = time.perf_counter()
+    dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
 
     def compile_() -> BuildResult:
         inputs, reference = check()
@@ -114,46 +163,35 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         return result
 
     from . import cache as kcache
-    from .tvmutil import set_threads
 
-    cache_options = {"profile": bool(profile), "topk": topk if profile else 1,
-                     "build_budget": build_budget if profile else None}
+    opts = cache_options(profile, topk, build_budget)
     store = kcache.open_store()
-    key, parts = kcache.kernel_key(norm, dev, cache_options)
-
-    def load(entry: "kcache.CachedKernel") -> BuildResult:
-        import tvm
-
-        set_threads(dev.units.count)  # before the runtime's pool starts, as for a fresh build
-        module = tvm.runtime.load_module(entry.library)
-        report = dict(entry.report)
-        program = RProgram.from_dict(report.pop("program"))
-        report.update(labels, cached_build_seconds=report["build_seconds"], build_seconds=time.perf_counter() - t0)
-        return BuildResult(module=module, program=program, report=report, expr=expr, device=dev,
-                           library=entry.library)
+    key, parts = kcache.kernel_key(norm, dev, opts)
 
     def build_and_describe() -> tuple[BuildResult, str, dict]:
         result = compile_()
-        stored = dict(result.report, program=result.program.to_dict(), cache_options=cache_options)
+        stored = dict(result.report, program=result.program.to_dict(), cache_options=opts)
         return result, result.library, stored
 
-    status, result = kcache.get_or_build(store, key, parts, build_and_describe, load)
-    result.report.update(cache=status, cache_key=key, cache_options=cache_options)
+    status, result = kcache.get_or_build(store, key, parts, build_and_describe, _loader(dev, expr, labels, t0))
+    result.report.update(cache=status, cache_key=key, cache_options=opts)
     return result
 
 
 def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inputs, reference, progress: bool,
                     build_budget: float | None, labels: Mapping, t0: float) -> BuildResult:
-    """Constructs the plans of an analysed function, builds, checks and times them (see build)."""
+    """Constructs the plans of an analysed function, builds, checks and times them (see build). The
+    profiled tier builds in worker processes; the top-1 tier compiles its one plan in this thread."""
     from .profile import profile as _profile, warm_up
 
-    warm_up()
+    if profile:
+        warm_up()
     cons = _construct(expr, dev, topk if profile else 1)
     programs = list(cons.programs if profile else cons.programs[:1])
     if inputs is None:
         inputs = random_inputs(norm)
     prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile,
-                    build_budget=build_budget)
+                    build_budget=build_budget, in_process=not profile)
     best = prof.best
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
@@ -162,6 +200,7 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
         "dtype": labels.get("dtype", expr.dtype),  # what build_op was asked (int8), else the function's
         "out_dtype": expr.dtype,  # what the kernel writes (an int8 reduction accumulates and stores int32)
         "device": dev.name,
+        "tier": "profiled" if profile else "top1",
         "device_calibrated": dev.calibrated,
         "construct_seconds": cons.seconds,
         "build_seconds": time.perf_counter() - t0,
@@ -223,8 +262,8 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
 
     spec = ops.get_op(op).with_options(**options)
     full = ops.validate_shape(spec, dict(shape), dtype)
-    if not cache:  # the build server imports TVM while this process does the same, on the other core
-        warm_up()  # (with the cache, only a miss starts it: a hit needs no build server)
+    if not cache and profile:  # the build server imports TVM while this process does the same, on the other
+        warm_up()  # core (with the cache, only a miss starts it: a hit needs no build server; top-1 needs none)
     func = spec.make(full, dtype)
 
     def check() -> tuple[list[np.ndarray], np.ndarray]:

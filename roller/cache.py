@@ -426,6 +426,30 @@ def open_store(root: str | os.PathLike | None = None) -> Store:
     return LocalStore(root if root is not None else default_root(), max_bytes_from_env())
 
 
+def _read(store: Store, key: str, load: Callable[[CachedKernel], Any]) -> tuple[bool, Any, str | None]:
+    """(found, load(entry), None), (False, None, None) when absent, (False, None, why) when unreadable."""
+    try:
+        entry = store.get(key)
+        return (False, None, None) if entry is None else (True, load(entry), None)
+    except CorruptEntry as e:
+        return False, None, str(e)
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
+        # passed its checksum but does not load (TVM's errors are RuntimeErrors; a report without a plan)
+        return False, None, f"kernel cache entry {key} does not load ({type(e).__name__}: {e})"
+
+
+def lookup(store: Store, key: str, load: Callable[[CachedKernel], Any]) -> Any | None:
+    """load(the entry of ``key``), or None when the store holds none; an unreadable entry is one
+    warning and None (whoever builds the key next replaces it). Counts a hit, never a miss."""
+    found, value, problem = _read(store, key, load)
+    if problem:
+        warn(f"{problem}; it will be rebuilt")
+        store.record("corrupt")
+    if found:
+        store.record("hit")
+    return value
+
+
 def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tuple[Any, str, dict]],
                  load: Callable[[CachedKernel], Any]) -> tuple[str, Any]:
     """("hit", load(entry)) or ("miss", the value of build()); never fails because of the cache.
@@ -440,19 +464,12 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
 
     def lookup() -> tuple[bool, Any]:
         nonlocal warned
-        try:
-            entry = store.get(key)
-            return (False, None) if entry is None else (True, load(entry))
-        except CorruptEntry as e:
-            problem = f"{e}; rebuilding it"
-        except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
-            # passed its checksum but does not load (TVM's errors are RuntimeErrors; a report without a plan)
-            problem = f"kernel cache entry {key} does not load ({type(e).__name__}: {e}); rebuilding it"
-        if not warned:
+        found, value, problem = _read(store, key, load)
+        if problem and not warned:
             warned = True
-            warn(problem)
+            warn(f"{problem}; rebuilding it")
             store.record("corrupt")
-        return False, None
+        return found, value
 
     found, value = lookup()
     if found:
