@@ -8,12 +8,13 @@ from .device import Device, load_device
 from .errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, ModelError, RollerError,
                      UnsupportedExpressionError)
 from .expr import Expr, fuse_axes
+from .jit import JIT
 from .rprogram import RProgram
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BuildResult", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
+    "BuildResult", "JIT", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
     "RProgram", "RollerError", "DeviceSpecError", "UnsupportedExpressionError", "InvalidShapeError",
     "BuildError", "CalibrationError", "ModelError", "compile_model",
 ]
