@@ -181,6 +181,13 @@ class JIT:
                 raise BuildError(f"JIT: the background profile failed: {slot.error}")
         return Kernel(slot, tier)
 
+    def dynamic(self, func, policy=None, tier: str = "any"):
+        """A :class:`roller.dynamic.DynamicKernel` for a function with symbolic dimensions: called with
+        numpy inputs of any allowed size, served by this JIT's kernels of bucketed sizes (``policy``: a
+        :class:`roller.dynamic.BucketPolicy`; the default pads by at most 1/8 above 64)."""
+        from .dynamic import DynamicKernel
+        return DynamicKernel(self, _prim_func(func), policy, tier)
+
     # -- the background tier
 
     def _start_profile(self, slot: _Slot) -> None:
