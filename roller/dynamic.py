@@ -108,6 +108,10 @@ def _pad(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _numpy(array) -> np.ndarray:
+    return array.numpy() if hasattr(array, "numpy") else np.asarray(array)
+
+
 def padding_preserves(func, var, others) -> bool:
     """True if zero-padding ``var`` from PROBE_SMALL to PROBE_PADDED leaves the output's first elements
     unchanged, on negative and on positive data (TVM's unscheduled builds of both sizes)."""
@@ -170,7 +174,7 @@ class DynamicKernel:
                               f"({', '.join(p.name for p in params)}), got {len(inputs)}")
         found: dict[str, int] = {}
         for p, a in zip(params, inputs):
-            shape = np.shape(a)
+            shape = tuple(a.shape)
             if len(shape) != len(p.shape):
                 raise RollerError(f"dynamic {func_name(self.func)}: input {p.name} has {len(p.shape)} dimensions "
                                   f"({list(p.shape)}), got shape {shape}")
@@ -216,14 +220,16 @@ class DynamicKernel:
             analyzer.bind(v, values[v.name])
         return tuple(int(analyzer.simplify(d)) for d in self.func.params[-1].shape)
 
-    def __call__(self, *inputs: np.ndarray) -> np.ndarray:
-        """The output for these inputs (numpy arrays, the function's input parameters in order)."""
+    def __call__(self, *inputs) -> np.ndarray:
+        """The output (numpy) for these inputs, the function's input parameters in order: numpy arrays,
+        or TVM tensors (a weight kept on the device: passed as it is unless it needs padding)."""
         import tvm
 
         values = self.values(inputs)
         buckets = self.buckets(values)
         kernel, shapes = self._entry(buckets)
-        args = [tvm.runtime.tensor(np.ascontiguousarray(_pad(np.asarray(a), s))) for a, s in zip(inputs, shapes)]
+        args = [a if isinstance(a, tvm.runtime.Tensor) and tuple(a.shape) == s
+                else tvm.runtime.tensor(np.ascontiguousarray(_pad(_numpy(a), s))) for a, s in zip(inputs, shapes)]
         out = tvm.runtime.empty(shapes[-1], str(self.func.params[-1].dtype))
         kernel(*args, out)
         result = out.numpy()

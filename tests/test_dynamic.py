@@ -52,6 +52,9 @@ def test_dynamic_matmul_padded_results_match_numpy():
         assert out.shape == (m, 24)
         np.testing.assert_allclose(out, aw @ bw, rtol=1e-4, atol=1e-4)
     assert dyn.kernels() == len({dyn.policy.bucket(m) for m in (1, 3, 13, 70, 71, 72)}) == 4
+    import tvm
+    np.testing.assert_allclose(dyn(aw, tvm.runtime.tensor(bw)), aw @ bw, rtol=1e-4, atol=1e-4)  # a kept weight
+    np.testing.assert_allclose(dyn(tvm.runtime.tensor(aw), bw), aw @ bw, rtol=1e-4, atol=1e-4)  # padded from TVM
     with pytest.raises(RollerError, match=r"input B dimension 0 must be 32, got 31"):
         dyn(aw, bw[:31])
     with pytest.raises(RollerError, match="2 inputs expected"):
