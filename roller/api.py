@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -146,16 +148,37 @@ def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bo
     return found
 
 
+BUILD_LOG_ENV = "ROLLER_BUILD_LOG"  # a file: one JSON line per compile (not per cache hit), from every process
+
+
+def _log_build(report: Mapping, key: str | None) -> None:
+    """Appends one line (key, op, shape, tier, pid, seconds) to $ROLLER_BUILD_LOG, if set: a fleet's
+    compiles counted outside the cache (one O_APPEND write per line: lines of processes do not mix)."""
+    path = os.environ.get(BUILD_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"key": key, "op": report.get("op"), "shape": report.get("shape"), "tier": report.get("tier"),
+                       "pid": os.getpid(), "seconds": report.get("build_seconds")}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
            build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
     """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
+    key = None
 
     def compile_() -> BuildResult:
         inputs, reference = check()
-        return _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
+        result = _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
+        _log_build(result.report, key)
+        return result
 
     if not cache:
         result = compile_()

@@ -1,6 +1,7 @@
 """roller.jit: the top-1 kernel at once, the profiled one from a background process, the memo, the
 cache, several threads at once. Every kernel is run on fresh data and checked against numpy."""
 import json
+import os
 import threading
 
 import numpy as np
@@ -55,7 +56,9 @@ def compiles(monkeypatch):
     return seen
 
 
-def test_top1_at_once_then_the_profiled_kernel_replaces_it(cache_root, compiles):
+def test_top1_at_once_then_the_profiled_kernel_replaces_it(cache_root, compiles, tmp_path, monkeypatch):
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv(api.BUILD_LOG_ENV, str(log))
     jit = JIT(topk=2)
     k = jit(matmul(24))
     assert k.tier == "top1" and k.report["cache"] == "miss" and k.report["tier"] == "top1"
@@ -63,7 +66,10 @@ def test_top1_at_once_then_the_profiled_kernel_replaces_it(cache_root, compiles)
     assert k.wait(timeout=180), k._slot.error
     assert k.tier == "profiled" and k.report["candidates"][0]["measured_seconds"] > 0
     check(k, 24)  # the same handle now runs the profiled kernel
-    assert compiles == [(24, "top1")]  # the profiled one was compiled by the background process
+    assert compiles == [(24, "top1")]  # the profiled one was compiled by the background process...
+    lines = [json.loads(line) for line in log.read_text().splitlines()]  # ...which logged its compile
+    assert [(x["tier"], x["pid"] == os.getpid()) for x in lines] == [("top1", True), ("profiled", False)]
+    assert lines[1]["key"] == k.report["cache_key"] != lines[0]["key"]
     # a structurally equal function (made again) is the memo's: nothing built, nothing looked up
     again = jit(matmul(24))
     assert again._slot is k._slot and again.tier == "profiled" and jit.kernels() == 1
