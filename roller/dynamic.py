@@ -150,6 +150,8 @@ class DynamicKernel:
     served by the kernel of its buckets (see the module), from ``jit``. Thread-safe."""
 
     def __init__(self, jit, func, policy: BucketPolicy | None = None, tier: str = "any"):
+        from tvm import tirx
+
         self.jit = jit
         self.func = func
         self.policy = policy or BucketPolicy()
@@ -163,29 +165,31 @@ class DynamicKernel:
                            if not padding_preserves(func, v, [o for o in self.vars if not o.same_as(v)]))
         self._kernels: dict[tuple, object] = {}
         self._lock = threading.Lock()
+        # the parameters' dims as plain data, read on every call: a var's name, an int, or None (an expression)
+        self._dims = [tuple(d.name if isinstance(d, tirx.Var) else int(d) if isinstance(d, tirx.IntImm) else None
+                            for d in p.shape) for p in func.params]
 
     def values(self, inputs) -> dict[str, int]:
         """{var name: value} read from the inputs' shapes; RollerError for an input that does not fit."""
-        from tvm import tirx
-
-        params = self.func.params[:-1]
-        if len(inputs) != len(params):
-            raise RollerError(f"dynamic {func_name(self.func)}: {len(params)} inputs expected "
-                              f"({', '.join(p.name for p in params)}), got {len(inputs)}")
+        dims = self._dims[:-1]
+        if len(inputs) != len(dims):
+            names = ", ".join(p.name for p in self.func.params[:-1])
+            raise RollerError(f"dynamic {func_name(self.func)}: {len(dims)} inputs expected ({names}), "
+                              f"got {len(inputs)}")
         found: dict[str, int] = {}
-        for p, a in zip(params, inputs):
+        for p, want, a in zip(self.func.params, dims, inputs):
             shape = tuple(a.shape)
-            if len(shape) != len(p.shape):
-                raise RollerError(f"dynamic {func_name(self.func)}: input {p.name} has {len(p.shape)} dimensions "
+            if len(shape) != len(want):
+                raise RollerError(f"dynamic {func_name(self.func)}: input {p.name} has {len(want)} dimensions "
                                   f"({list(p.shape)}), got shape {shape}")
-            for i, (d, n) in enumerate(zip(p.shape, shape)):
-                if isinstance(d, tirx.Var):
-                    if found.setdefault(d.name, n) != n:
-                        raise RollerError(f"dynamic {func_name(self.func)}: {d.name} is {found[d.name]} in an "
+            for i, (d, n) in enumerate(zip(want, shape)):
+                if isinstance(d, str):
+                    if found.setdefault(d, n) != n:
+                        raise RollerError(f"dynamic {func_name(self.func)}: {d} is {found[d]} in an "
                                           f"earlier input but {n} in {p.name} (dimension {i})")
-                elif isinstance(d, tirx.IntImm) and int(d) != n:
+                elif d is not None and d != n:
                     raise RollerError(f"dynamic {func_name(self.func)}: input {p.name} dimension {i} must be "
-                                      f"{int(d)}, got {n}")
+                                      f"{d}, got {n}")
         return found
 
     def buckets(self, values: dict[str, int]) -> dict[str, int]:
@@ -213,6 +217,9 @@ class DynamicKernel:
 
     def output_shape(self, values: dict[str, int]) -> tuple[int, ...]:
         """The output's shape for these values of the symbolic dims."""
+        dims = self._dims[-1]
+        if None not in dims:
+            return tuple(values[d] if isinstance(d, str) else d for d in dims)
         from tvm import sym
 
         analyzer = sym.Analyzer()

@@ -70,6 +70,7 @@ class Kernel:
     def __init__(self, slot: _Slot, tier: str):
         self._slot = slot
         self._tier = tier
+        self._main = None  # (build, its main function)
 
     @property
     def result(self) -> BuildResult:
@@ -91,7 +92,11 @@ class Kernel:
         return self.result.report["tier"]
 
     def __call__(self, *args):
-        return self.result.module["main"](*args)
+        result = self.result
+        main = self._main
+        if main is None or main[0] is not result:  # the function is looked up once per build
+            main = self._main = (result, result.module["main"])
+        return main[1](*args)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until the background profile has ended (at most ``timeout`` seconds); True if the
