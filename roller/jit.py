@@ -25,7 +25,6 @@ machines.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import pickle
 import queue
@@ -208,21 +207,28 @@ class JIT:
                 t.start()
 
     def _work(self) -> None:
+        """A background thread: feeds its build process (`python -m roller.jit`, kept between requests
+        so that TVM is imported and the build server started once) one function at a time."""
+        proc = None
         while True:
             slot = self._queue.get()
             if slot is None:
-                return
+                break
             try:
-                self._profile(slot)
+                proc = self._profile(slot, proc)
             except Exception as e:  # noqa: BLE001 -- a failed profile leaves the top-1 kernel, never a crash
                 slot.error = f"{type(e).__name__}: {e}"
             if slot.profiled is None:
                 warnings.warn(f"JIT: profiling {slot.top1.report['op']} failed, its top-1 kernel stays: "
                               f"{slot.error}", JITWarning, stacklevel=1)
             slot.done.set()
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait()
 
-    def _profile(self, slot: _Slot) -> None:
-        """Runs `python -m roller.jit` (the profiled build, published to the cache) and loads its result."""
+    def _profile(self, slot: _Slot, proc: subprocess.Popen | None) -> subprocess.Popen | None:
+        """Has the build process build the profiled tier into the cache, then loads it from there.
+        Returns the process to use next (None after it died: the next request starts another)."""
         import tvm
 
         request = {"func": tvm.ir.save_json(slot.func), "device": self.device, "topk": self.topk,
@@ -230,24 +236,30 @@ class JIT:
         with self._lock:
             if self._closed:
                 slot.error = "the JIT is closed"
-                return
-            proc = subprocess.Popen([sys.executable, "-m", "roller.jit"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env())
-            self._procs.add(proc)
+                return proc
+            if proc is None:
+                proc = subprocess.Popen([sys.executable, "-m", "roller.jit"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=_child_env())
+                self._procs.add(proc)
         try:
-            out, err = proc.communicate(pickle.dumps(request))
-        finally:
+            pickle.dump(request, proc.stdin)
+            proc.stdin.flush()
+            answer = pickle.load(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError):
             with self._lock:
                 self._procs.discard(proc)
-        if proc.returncode != 0:
-            lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-            slot.error = f"exit {proc.returncode}: {lines[-1] if lines else 'no message'}"
-            return
+            proc.kill()
+            slot.error = f"the background build process died (exit code {proc.wait()}; a TVM crash, or killed)"
+            return None
+        if "error" in answer:
+            slot.error = answer["error"]
+            return proc
         found = lookup(slot.func, self.device, self.topk, True, self.build_budget)
         if found is None:
-            slot.error = f"the profiled kernel {json.loads(out)['key']} is not in the cache after its build"
-            return
+            slot.error = f"the profiled kernel {answer['key']} is not in the cache after its build"
+            return proc
         slot.profiled = found  # the switch: Kernel handles read this reference on every call
+        return proc
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until every background profile started so far has ended; False on timeout."""
@@ -316,15 +328,28 @@ def get(func, device: Device | str | None = None, tier: str = "any", timeout: fl
 
 
 def _profile_main() -> int:
-    """The background process: builds the profiled tier of one function into the kernel cache."""
+    """The background build process: builds the profiled tier of each function it is sent (pickled
+    requests on stdin) into the kernel cache, and answers each with its key or its error (pickled, on
+    the stdout it started with; anything else printed goes to stderr). Ends at the end of its input."""
     import tvm
 
-    request = pickle.load(sys.stdin.buffer)
-    func = tvm.ir.load_json(request["func"])
-    result = build(func, request["device"], topk=request["topk"], profile=True,
-                   build_budget=request["build_budget"])
-    print(json.dumps({"cache": result.report["cache"], "key": result.report["cache_key"]}))
-    return 0
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    while True:
+        try:
+            request = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return 0
+        try:
+            func = tvm.ir.load_json(request["func"])
+            result = build(func, request["device"], topk=request["topk"], profile=True,
+                           build_budget=request["build_budget"])
+            answer = {"cache": result.report["cache"], "key": result.report["cache_key"]}
+        except RollerError as e:
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        pickle.dump(answer, answers)
+        answers.flush()
 
 
 if __name__ == "__main__":

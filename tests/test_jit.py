@@ -146,3 +146,23 @@ def test_cli_build_json_says_the_tier(cache_root, capsys):
     assert main(["build", "add_relu", "--shape", "M=3,N=20", "--topk", "2", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tier"] == "profiled" and rep["cache"] == "miss"
+
+
+def test_a_background_build_process_that_dies_leaves_the_top1_kernel_and_is_replaced(cache_root):
+    import time
+
+    jit = JIT(topk=2)
+    k = jit(matmul(11))
+    deadline = time.time() + 60
+    while not jit._procs and time.time() < deadline:  # the build process has started
+        time.sleep(0.01)
+    with pytest.warns(roller.jit.JITWarning, match="profiling .* failed, its top-1 kernel stays"):
+        for proc in list(jit._procs):
+            proc.kill()  # as a TVM crash would end it
+        assert not k.wait(timeout=120)
+    assert k.tier == "top1" and "background build process died" in k._slot.error
+    check(k, 11)
+    k2 = jit(matmul(12))  # the next function gets a new build process
+    assert k2.wait(timeout=180) and k2.tier == "profiled"
+    check(k2, 12)
+    jit.close()
