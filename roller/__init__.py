@@ -8,7 +8,6 @@ from .device import Device, load_device
 from .errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, ModelError, RollerError,
                      UnsupportedExpressionError)
 from .expr import Expr, fuse_axes
-from .jit import JIT
 from .rprogram import RProgram
 
 __version__ = "0.1.0"
@@ -31,4 +30,7 @@ def __getattr__(name):
     if name == "ops":  # imports TVM: only on first use
         import importlib
         return importlib.import_module(".ops", __name__)
+    if name == "JIT":  # (not imported with the package: `python -m roller.jit` runs that module as a script)
+        from .jit import JIT
+        return JIT
     raise AttributeError(name)

@@ -218,7 +218,7 @@ class JIT:
                 proc = self._profile(slot, proc)
             except Exception as e:  # noqa: BLE001 -- a failed profile leaves the top-1 kernel, never a crash
                 slot.error = f"{type(e).__name__}: {e}"
-            if slot.profiled is None:
+            if slot.profiled is None and not self._closed:
                 warnings.warn(f"JIT: profiling {slot.top1.report['op']} failed, its top-1 kernel stays: "
                               f"{slot.error}", JITWarning, stacklevel=1)
             slot.done.set()
@@ -283,9 +283,12 @@ class JIT:
             workers = list(self._workers)
         for _ in workers:
             self._queue.put(None)
-        for p in procs:
+        for p in procs:  # (a worker thread waiting on one sees it die and ends its request)
             p.kill()
             p.wait()
+        for t in workers:  # none may be left loading a kernel while the interpreter shuts down
+            if t is not threading.current_thread():
+                t.join(timeout=60)
 
 
 def _prim_func(func):

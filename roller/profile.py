@@ -11,6 +11,7 @@ import contextlib
 import math
 import multiprocessing
 import os
+import select
 import shutil
 import sys
 import tempfile
@@ -227,7 +228,30 @@ def warm_up() -> None:
 
 
 def _new_pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    return ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_end_with,
+                               initargs=(os.getpid(),))
+
+
+def _end_with(pid: int) -> None:
+    """Worker initializer: the worker exits when process ``pid`` (the one that made its pool) has ended.
+    A worker forked by the forkserver otherwise outlives a caller that was killed or crashed, forever,
+    and keeps the forkserver alive too (it holds the server's liveness pipe)."""
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)  # readable when the process ends (Linux 5.3+); immune to pid reuse
+            select.select([fd], [], [])
+        except (AttributeError, OSError):
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    continue
+        os._exit(1)
+
+    threading.Thread(target=watch, name="roller-end-with-caller", daemon=True).start()
 
 
 def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,

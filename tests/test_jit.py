@@ -166,3 +166,60 @@ def test_a_background_build_process_that_dies_leaves_the_top1_kernel_and_is_repl
     assert k2.wait(timeout=180) and k2.tier == "profiled"
     check(k2, 12)
     jit.close()
+
+
+def _record_pid_and_hang(index, program):
+    """Worker hook: notes the worker's pid, then compiles "forever"."""
+    import time
+    with open(os.environ["HANG_PIDS"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(120)
+
+
+HANGING_CALLER = """
+import numpy as np, roller
+from roller import ops
+from roller.profile import profile
+from test_jit import _record_pid_and_hang
+func = ops.get_op("add_relu").make({"M": 4, "N": 16}, "float32")
+expr, norm = roller.analyze(func)
+plans = roller.construct(expr, roller.load_device(), 2).programs
+ins = [np.ones((4, 16), "float32")] * 2
+profile(norm, expr, plans, roller.load_device(), ins, progress=False, _worker_hook=_record_pid_and_hang)
+"""
+
+
+def test_profiling_workers_end_with_a_caller_that_was_killed(tmp_path):
+    """The JIT kills its background build process on close (and a TVM crash ends it): the profile's
+    worker processes must not outlive it (forkserver workers otherwise wait for work forever)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    pids = tmp_path / "pids"
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, HANG_PIDS=str(pids), PYTHONPATH=f"{repo}{os.pathsep}{repo / 'tests'}")
+    caller = subprocess.Popen([sys.executable, "-c", HANGING_CALLER], env=env)
+    deadline = time.time() + 90
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.time() < deadline:
+        time.sleep(0.05)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert len(workers) == 2  # both workers are compiling
+    caller.send_signal(signal.SIGKILL)
+    caller.wait()
+    deadline = time.time() + 20
+    alive = workers
+    while alive and time.time() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in workers if _running(p)]
+    assert not alive, f"workers {alive} outlived their caller"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
