@@ -28,6 +28,7 @@ import atexit
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -275,7 +276,7 @@ class JIT:
         return True
 
     def close(self) -> None:
-        """Stops background profiling (running profiles are killed: they publish nothing, and whoever
+        """Stops background profiling (running profiles are stopped: they publish nothing, and whoever
         builds that key next compiles it). Kernels already returned keep working."""
         with self._lock:
             self._closed = True
@@ -283,9 +284,14 @@ class JIT:
             workers = list(self._workers)
         for _ in workers:
             self._queue.put(None)
-        for p in procs:  # (a worker thread waiting on one sees it die and ends its request)
-            p.kill()
-            p.wait()
+        for p in procs:  # (a worker thread waiting on one sees it end and ends its request)
+            p.terminate()  # it stops its own workers and exits; killed if it takes longer
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         for t in workers:  # none may be left loading a kernel while the interpreter shuts down
             if t is not threading.current_thread():
                 t.join(timeout=60)
@@ -336,6 +342,7 @@ def _profile_main() -> int:
     the stdout it started with; anything else printed goes to stderr). Ends at the end of its input."""
     import tvm
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the profile stops its workers
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
