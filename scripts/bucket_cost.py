@@ -43,18 +43,13 @@ def main() -> int:
 def run(args) -> int:
     import numpy as np
     import tvm
-    from tvm import te
 
+    from benchutil import dynamic_linear
     from roller.dynamic import BucketPolicy, specialize
     from roller.jit import JIT
     from roller.timing import time_alternately
 
-    seq = te.var("seq")
-    a = te.placeholder((seq, args.k), name="A")
-    w = te.placeholder((args.k, args.n), name="W")
-    r = te.reduce_axis((0, args.k), name="r")
-    y = te.compute((seq, args.n), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="Y")
-    func = te.create_prim_func([a, w, y])
+    func = dynamic_linear(args.k, args.n)
     policy = BucketPolicy(args.epsilon, args.align)
     jit = JIT(background=0)
     dyn = jit.dynamic(func, policy)

