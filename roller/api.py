@@ -132,16 +132,20 @@ def _loader(dev: Device, expr: Expr, labels: Mapping, t0: float) -> Callable:
 
 
 def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
-           build_budget: float | None = BUILD_BUDGET_SECONDS, name: str | None = None) -> BuildResult | None:
+           build_budget: float | None = BUILD_BUDGET_SECONDS, name: str | None = None,
+           key: str | None = None) -> BuildResult | None:
     """The kernel :func:`build` with these arguments would return from the kernel cache, or None when the
-    cache holds none (or an unreadable one); never builds. The JIT asks it for the profiled tier."""
+    cache holds none (or an unreadable one); never builds. The JIT asks it for the profiled tier. ``key``:
+    the entry to load, as another process published it (its roller sources may differ from this one's,
+    and the sources enter the key)."""
     from . import cache as kcache
 
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, None, None, None)
     options = cache_options(profile, topk, build_budget)
     store = kcache.open_store()
-    key, _ = kcache.kernel_key(norm, dev, options)
+    if key is None:
+        key, _ = kcache.kernel_key(norm, dev, options)
     found = kcache.lookup(store, key, _loader(dev, expr, labels, t0))
     if found is not None:
         found.report.update(cache="hit", cache_key=key, cache_options=options)

@@ -255,7 +255,7 @@ class JIT:
         if "error" in answer:
             slot.error = answer["error"]
             return proc
-        found = lookup(slot.func, self.device, self.topk, True, self.build_budget)
+        found = lookup(slot.func, self.device, self.topk, True, self.build_budget, key=answer["key"])
         if found is None:
             slot.error = f"the profiled kernel {answer['key']} is not in the cache after its build"
             return proc
