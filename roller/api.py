@@ -152,6 +152,9 @@ def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bo
     return found
 
 
+# The build report's version: raised when a key changes meaning or goes away (new keys do not raise it).
+# 1: the keys listed in the README (roller build --json), with tier.
+REPORT_SCHEMA = 1
 BUILD_LOG_ENV = "ROLLER_BUILD_LOG"  # a file: one JSON line per compile (not per cache hit), from every process
 
 
@@ -223,6 +226,7 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
     report = {
+        "schema": REPORT_SCHEMA,
         **labels,
         "dtype": labels.get("dtype", expr.dtype),  # what build_op was asked (int8), else the function's
         "out_dtype": expr.dtype,  # what the kernel writes (an int8 reduction accumulates and stores int32)

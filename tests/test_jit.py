@@ -142,7 +142,7 @@ def test_threads_asking_at_once_compile_each_function_once(cache_root, compiles)
 def test_cli_build_json_says_the_tier(cache_root, capsys):
     assert main(["build", "add_relu", "--shape", "M=3,N=20", "--no-profile", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["tier"] == "top1" and rep["verified"]
+    assert rep["tier"] == "top1" and rep["verified"] and rep["schema"] == api.REPORT_SCHEMA == 1
     assert main(["build", "add_relu", "--shape", "M=3,N=20", "--topk", "2", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tier"] == "profiled" and rep["cache"] == "miss"
