@@ -226,8 +226,8 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
     report = {
+        **labels,  # op, shape, options first: what the kernel is
         "schema": REPORT_SCHEMA,
-        **labels,
         "dtype": labels.get("dtype", expr.dtype),  # what build_op was asked (int8), else the function's
         "out_dtype": expr.dtype,  # what the kernel writes (an int8 reduction accumulates and stores int32)
         "device": dev.name,
