@@ -133,32 +133,6 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
     return expr, accumulator
 
 
-def _gathers(block) -> bool:
-    """Whether the block loads at an index that stays divided or remaindered once its iter vars' ranges
-    simplify it (a layout change, e.g. a grouped convolution's input channels replicated per output
-    channel; a reshape's ``(i * 16 + j) // 16`` simplifies to ``i`` and is not one): inlined, that index
-    would reach the main block and make it non-affine."""
-    from tvm import ir, tirx
-
-    divided = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
-    simplify = _simplifier(block)
-    found = []
-
-    def in_index(e):
-        if isinstance(e, divided):
-            found.append(e)
-        return True
-
-    def visit(e):
-        if isinstance(e, ir.expr.TensorLoad):
-            for i in e.indices:
-                _walk(simplify(i), in_index)
-        return True
-
-    _walk(block.body.value, visit)
-    return bool(found)
-
-
 # ---------------------------------------------------------------------------------------------
 # Input normalization and checks
 
@@ -244,32 +218,6 @@ def _has_conditional(expr) -> bool:
         return not isinstance(e, ir.expr.TensorLoad)
 
     _walk(expr, visit)
-    return bool(found)
-
-
-def _gathers(block) -> bool:
-    """Whether the block loads at an index that stays divided or remaindered once its iter vars' ranges
-    simplify it (a layout change, e.g. a grouped convolution's input channels replicated per output
-    channel; a reshape's ``(i * 16 + j) // 16`` simplifies to ``i`` and is not one): inlined, that index
-    would reach the main block and make it non-affine."""
-    from tvm import ir, tirx
-
-    divided = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
-    simplify = _simplifier(block)
-    found = []
-
-    def in_index(e):
-        if isinstance(e, divided):
-            found.append(e)
-        return True
-
-    def visit(e):
-        if isinstance(e, ir.expr.TensorLoad):
-            for i in e.indices:
-                _walk(simplify(i), in_index)
-        return True
-
-    _walk(block.body.value, visit)
     return bool(found)
 
 
