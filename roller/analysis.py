@@ -94,7 +94,10 @@ def analyze(func, name: str | None = None) -> Analysis:
 
     expr, accumulator = _describe(sch, blocks, main_name, epilogue, inlined, ctx, name)
     staged = {w.source.name for p in producers for w in sch.get(blocks[p]).writes}
-    expr = replace(expr, staged=tuple(t.name for t in expr.inputs if t.name in staged))
+    padding = {w.source.name for p in producers for w in sch.get(blocks[p]).writes
+               if not _gathers(sch.get(blocks[p])) and not sch.get_producers(blocks[p])}
+    expr = replace(expr, staged=tuple(t.name for t in expr.inputs if t.name in staged),
+                   inlinable=tuple(t.name for t in expr.inputs if t.name in padding))
     ivs = sch.get(blocks[main_name]).iter_vars
     return Analysis(expr=expr, func=sch.mod["main"], epilogue_block=epilogue, accumulator=accumulator,
                     producer_blocks=producers, inlined=inlined,

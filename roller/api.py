@@ -191,6 +191,7 @@ def _candidate_report(p: RProgram, c) -> dict:
         "error": c.error,
         "notes": list(c.notes),
         "vector_axis": p.vector_axis, "padded": list(p.padded), "predicated": list(p.predicated),
+        "inlined": list(p.inlined),
         "footprint_bytes": dict(p.footprint_bytes),
         "traffic_bytes": dict(p.traffic_bytes),
     }

@@ -33,6 +33,7 @@ class RProgram:
     predicated: tuple[str, ...] = ()  # overhanging axes left to bounds checks
     partial_sums: bool = False        # a reduced vector axis keeps vectors of partial sums (rfactor)
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
+    inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
@@ -49,10 +50,11 @@ class RProgram:
 
     @property
     def key(self) -> tuple:
-        """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums)."""
+        """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
+        inlined padding stages)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
-                tuple(sorted(self.layouts.items())))
+                tuple(sorted(self.layouts.items())), self.inlined)
 
     def problem(self, axes: list[str]) -> str | None:
         """Why the plan breaks the tile contract for an expression with these axis names, or None:
@@ -76,7 +78,7 @@ class RProgram:
             "grid": dict(self.grid), "units": self.units, "waves": self.waves,
             "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
             "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
-            "layouts": {k: list(v) for k, v in self.layouts.items()},
+            "layouts": {k: list(v) for k, v in self.layouts.items()}, "inlined": list(self.inlined),
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
@@ -91,7 +93,7 @@ class RProgram:
             packed=tuple(d.get("packed", ())), storage_pad=dict(d.get("storage_pad", {})),
             padded=tuple(d.get("padded", ())), predicated=tuple(d.get("predicated", ())),
             partial_sums=bool(d.get("partial_sums", False)),
-            layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()},
+            layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()}, inlined=tuple(d.get("inlined", ())),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),
