@@ -156,8 +156,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
 
     _check_program(expr, program)
     if set(program.inlined) - set(expr.inlinable):
-        raise BuildError(f"{expr.name}: the plan inlines the stages that write {sorted(program.inlined)}, but only "
-                         f"{sorted(expr.inlinable) or 'none'} are zero-padding stages of the function")
+        raise BuildError(f"{expr.name}: the plan inlines the stages that write {sorted(program.inlined)}, but the "
+                         f"function's zero-padding stages write {sorted(expr.inlinable) or 'no input'}")
     sch = tvm.s_tir.Schedule(func)
     block = _main_block(sch, expr)
     extents = expr.extents
