@@ -104,23 +104,26 @@ def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], dev
     return outputs * lanes * FOLD_CYCLES * cycle_seconds(device)
 
 
-# Cycles each load of an input whose zero-padding stage the plan inlines costs (RProgram.inlined): the
-# load sits behind a bounds check on its window position. Fitted on one thread, one A/B process each, the
-# same plan staged and inlined: the ResNet stem (7x7/2 over 3 channels, ~2.4 M loads) ran 1.8 -> 3.5 ms
-# (~2 cycles a load), a 3x3 conv on 56x56x64 (1.5 M loads) 1.48 -> 1.85 ms (~0.7), while the stride-2
-# depthwise conv on 112x112x96 (0.12 M loads, 9.8 MB of copies saved) ran 760 -> 400 us.
+# Cycles each element load of an input whose zero-padding stage the plan inlines costs (RProgram.inlined):
+# the load sits behind a bounds check on its window position. Fitted on one thread, one A/B process each,
+# the same plan staged and inlined: the ResNet stem (7x7/2 over 3 channels, ~2.4 M broadcast loads) ran
+# 1.8 -> 3.5 ms (~2 cycles a load), a 3x3 conv on 56x56x64 (1.5 M) 1.48 -> 1.85 ms (~0.7). Loads along the
+# vector axis share one check per window row, and cost nothing measurable: depthwise convs ran faster
+# inlined (3x3/2 on 112x112x96 760 -> 400 us, 5x5 on 83x83x42 369 -> 292 us), the copy they save dominating.
 INLINE_CHECK_CYCLES = 2.0
 
 
 def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                          vector_axis: str | None, inlined: tuple[str, ...]) -> float:
     """Seconds the bounds checks of the inlined padding stages' loads take, over the whole operator (all
-    units): one check per load at the register level (a vector along the vector axis, else an element)."""
+    units): one check per element loaded at the register level (a broadcast); a tensor read in vectors
+    along the vector axis is not charged (see INLINE_CHECK_CYCLES)."""
     if not inlined:
         return 0.0
     rules = LevelRules.of(device, 0, expr, vector_axis)
     total = tile_counts(expr, tiles[0])[0]
-    loads = sum(tensor_footprint(t, tiles[0], rules, moved=True) for t in expr.inputs if t.name in inlined)
+    loads = sum(tensor_footprint(t, tiles[0], rules, moved=True) for t in expr.inputs
+                if t.name in inlined and vector_axis not in t.innermost_axes())
     return loads * total / rules.level.transaction_bytes * INLINE_CHECK_CYCLES * cycle_seconds(device)
 
 
