@@ -233,7 +233,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
                 found += _plans(ex, device, epsilon, b, va)
         for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
             for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
-                for inlined in inline_options(ex, padded):
+                for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
                     plans.append((va, tiles, padded, inlined))
                     ests.append(estimate(ex, tiles, device, va, padded, inlined))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
@@ -313,7 +313,7 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
         if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(ex, tiles, device, va), levels)):
             continue
         padded = rng.choice(tail_options(ex, tiles, va, compute_lanes(ex, device)))[0]
-        inlined = rng.choice(inline_options(ex, padded))
+        inlined = rng.choice(inline_options(ex, tiles, va, compute_lanes(ex, device), padded))
         est = estimate(ex, tiles, device, va, padded, inlined)
         prog = _program(ex, tiles, device, epsilon, est, va, padded, inlined)
         if prog.key not in seen:

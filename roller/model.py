@@ -127,6 +127,25 @@ def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device:
     return loads * total / rules.level.transaction_bytes * INLINE_CHECK_CYCLES * cycle_seconds(device)
 
 
+def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, device: Device) -> float:
+    """Bytes the top level's fill wastes on short strided rows: an input whose top tile takes part of each
+    of its rows (a 16-channel slice of a 96-channel window: 64 B of every 384) streams at the calibrated
+    efficiency of such rows (``Device.run_efficiency``), charged as the extra bytes that costs. One thread,
+    one A/B process, first plans before and after: stride-2 depthwise conv on 112x112x96 525 -> 245 us
+    (16 -> 96 channels a tile; PyTorch 349), dw 3x3 on 56x56x144 297 -> 193, on 112x112x32 209 -> 145,
+    max pool 3x3/2 on 112x112x64 302 -> 146."""
+    total = tile_counts(expr, top)[0]
+    extra = 0.0
+    for t in expr.inputs:
+        run = t.region(top)[-1] if t.index else t.shape[-1]
+        if not t.index or run >= t.shape[-1]:
+            continue  # whole rows: the tile reads the tensor contiguously
+        eff = device.run_efficiency(rules.row_bytes(t, run, moved=True))
+        if eff < 1.0:
+            extra += tensor_footprint(t, top, rules, moved=True) * total * (1.0 / eff - 1.0)
+    return extra
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -235,7 +254,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, tiles[i + 1] if i + 1 < len(tiles) else None)
         if i == len(levels) - 1:
-            q += copies
+            q += copies + short_row_bytes(expr, tile, rules, device)
         below = levels[i + 1] if i + 1 < len(levels) else source
         bw = below.bandwidth_gbps
         if below.shared:

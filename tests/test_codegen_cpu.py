@@ -268,8 +268,8 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
 
     dw_spec, _, dw, dw_progs = constructed("depthwise_conv2d", dict(N=1, H=112, W=112, C=96, R=3, S=3, stride=2,
                                                                      pad=1), device, topk=3)
-    assert inline_options(dw, ()) == [(), ("pad_temp",)]
     top = dw_progs[0]
+    assert inline_options(dw, top.tiles, top.vector_axis, 16, ()) == [(), ("pad_temp",)]
     staged = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ())
     inlined = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ("pad_temp",))
     assert copy_bytes(dw, top.tiles[-1], (), top.packed, ("pad_temp",)) < copy_bytes(dw, top.tiles[-1], (), top.packed)
@@ -283,8 +283,8 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
     assert (estimate(conv, first.tiles, device, first.vector_axis, first.padded, ("pad_temp",)).compute_seconds
             > estimate(conv, first.tiles, device, first.vector_axis, first.padded, ()).compute_seconds)
     # no padding stage, nothing to inline
-    _, _, mm, _ = constructed("matmul", dict(M=8, N=8, K=8), device, 1)
-    assert inline_options(mm, ()) == [()]
+    _, _, mm, mm_progs = constructed("matmul", dict(M=8, N=8, K=8), device, 1)
+    assert inline_options(mm, mm_progs[0].tiles, mm_progs[0].vector_axis, 16, ()) == [()]
 
 
 @pytest.mark.build
