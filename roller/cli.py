@@ -180,8 +180,18 @@ def cmd_devices(args) -> int:
         print(f"{d['name']}: {d['description']}")
         print(f"  units: {u['count']}, peak GFLOP/s per unit: {peaks} "
               f"[{'calibrated' if d['calibrated'] else 'datasheet'}]")
+        g = d.get("gpu")
+        if g:
+            print(f"  GPU limits: {g['max_threads_per_block']} threads per block, {g['max_threads_per_sm']} threads and "
+                  f"{g['max_blocks_per_sm']} blocks per SM, {g['registers_per_sm']} registers per SM (at most "
+                  f"{g['max_registers_per_thread']} per thread), shared memory {_fmt_bytes(g['shared_per_block'])} "
+                  f"per block ({_fmt_bytes(g['shared_per_block_optin'])} opt-in), "
+                  f"{_fmt_bytes(g['shared_per_sm'])} per SM; warp {u['warp_threads']}")
+        # a GPU's per-unit levels hold one thread's registers and one block's shared memory
+        holders = iter(("per thread", "per block") if g else ())
         for lv in d["levels"]:
-            print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {'shared' if lv['shared'] else 'per unit'}, "
+            where = "shared" if lv["shared"] else next(holders, "per unit")
+            print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {where}, "
                   f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
         print(f"  source: {d['source']}")
     return 0
