@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from .construct import BRANCH
 from .device import Device
 from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
@@ -29,6 +28,7 @@ from .rprogram import RProgram
 from .rtile import axis_step, ceil_div, exact_axes, footprint, next_aligned, reuse_score, tile_counts, traffic
 
 REDUCE_VARIANTS = 3  # further reduction-step lengths offered per block tile
+THREAD_TILES = 6     # thread tiles of the greedy growth offered (from its end)
 
 # The paths of one construction (greedy, held axes, each epsilon) ask for the same sizes again and again,
 # and one call costs O(extent / step) along an extent no aligned size divides (a fused 997 x 1009 axis).
@@ -68,8 +68,9 @@ def _grow(expr: Expr, rules: GpuLevelRules, tile: dict[str, int], seed: Mapping[
 
 
 def thread_tiles(expr: Expr, device: Device, eps: float) -> list[dict[str, int]]:
-    """Up to BRANCH thread tiles: the greedy end, the ends with one axis held at 1, the step before the end,
-    and the single point (the most threads: small operators need them to fill the SMs)."""
+    """Thread tiles for the model to weigh: the greedy path's tiles from its end (up to THREAD_TILES: a
+    smaller tile leaves more threads and blocks, which small operators need), the ends of the growths with
+    one axis held at 1, and the single point."""
     rules = GpuLevelRules.of(device, 0, expr)
     start = {a.name: 1 for a in expr.axes}
     spatial = [a.name for a in expr.axes if a.kind != REDUCE]
@@ -86,7 +87,7 @@ def thread_tiles(expr: Expr, device: Device, eps: float) -> list[dict[str, int]]
     held = [gains(_grow(expr, rules, start, {}, eps, spatial, fits, limits, a))[-1]
             for a in spatial if len(spatial) > 1]
     out: list[dict[str, int]] = []
-    for t in [path[-1], *held, *path[-2:-3:-1]][:BRANCH - 1] + [start]:
+    for t in path[::-1][:THREAD_TILES] + held + [start]:
         if t not in out:
             out.append(t)
     return out

@@ -1,0 +1,148 @@
+"""GPU code generation: a GPU RProgram (``roller.gpu_construct``) becomes TVM schedule primitives.
+
+Loop structure for axes i, j (spatial) and k (reduce), thread tile (ti, tj, 1), block tile (bi, bj, bk)::
+
+    [i_g j_g fused: blockIdx.x] [i_t j_t fused: threadIdx.x] k_o | k_i | i_0 j_0 (unrolled)
+     one block per block tile     one thread per thread tile   steps | the step | the thread tile
+                                                               of bk  | in smem |  in registers
+
+A thread's tile is contiguous (``i_0``, ``j_0`` innermost). Its accumulators live in registers
+(``cache_write`` to ``local`` at the thread loop: initialized before the reduction, written back once).
+Every input is staged in shared memory per reduction step (``cache_read`` to ``shared`` at ``k_o``): the
+block's threads copy it cooperatively, the copy's loops fused and split over ``threadIdx.x`` with the
+plan's vector width innermost (``RProgram.gpu["copy_lanes"]``, aligned by construction; checked here),
+its rows padded by the plan's bank padding (``storage_align``). Overhanging block tiles are predicated
+(TVM's split bounds). A producer stage of the function (a convolution's zero padding) is folded into the
+shared copy, else it runs at root as its own kernel over blocks and threads.
+
+The same schedule compiles for CUDA (``target_for(device)``) and for OpenCL (``roller.codegen.opencl``),
+which runs on a CPU without a GPU to check the numbers.
+"""
+from __future__ import annotations
+
+import math
+
+from ..device import Device
+from ..errors import BuildError
+from ..expr import REDUCE, Expr
+from ..rprogram import RProgram
+from .cpu import _check_program, _fuse_axes, _main_block, _producer_of, _read_index, _storage_pad, _try
+
+ROOT_THREADS = 256  # threads per block of a producer stage that runs as its own kernel
+
+
+def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: list[str] | None = None):
+    """Schedules ``func`` following the GPU ``program``; returns the ``tvm.s_tir.Schedule``.
+
+    Raises BuildError when the program is not a GPU plan for this expression or a vector copy it asks for
+    would be misaligned; TVM's ScheduleError passes through for a primitive that does not apply."""
+    import tvm
+
+    _check_program(expr, program)
+    if len(program.tiles) != 2 or not program.gpu:
+        raise BuildError(f"{expr.name}: not a GPU plan (levels {list(program.levels)}); construct it for a GPU "
+                         f"device")
+    notes = notes if notes is not None else []
+    thread, block_tile = program.tiles
+    sch = tvm.s_tir.Schedule(func)
+    block = _main_block(sch, expr)
+    axis_loop = _fuse_axes(sch, block, expr)
+
+    grids, threads, inner, outer_r, inner_r = [], [], [], [], []
+    for ax in expr.axes:
+        t, b = thread[ax.name], block_tile[ax.name]
+        if ax.kind == REDUCE:
+            if t != 1:
+                raise BuildError(f"{expr.name}: a GPU plan's thread tile runs the reduction one step at a time; "
+                                 f"axis {ax.name} has {t}")
+            ko, ki = sch.split(axis_loop[ax.name], [math.ceil(ax.extent / b), b])
+            outer_r.append(ko)
+            inner_r.append(ki)
+        else:
+            g, th, i0 = sch.split(axis_loop[ax.name], [math.ceil(ax.extent / b), b // t, t])
+            grids.append(g)
+            threads.append(th)
+            inner.append(i0)
+    sch.reorder(*grids, *threads, *outer_r, *inner_r, *inner)
+    bx = sch.fuse(*grids) if len(grids) > 1 else grids[0]
+    tx = sch.fuse(*threads) if len(threads) > 1 else threads[0]
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    n_threads = int(sch.get(tx).extent)
+    if n_threads != program.gpu["threads"]:
+        raise BuildError(f"{expr.name}: the schedule has {n_threads} threads a block, the plan "
+                         f"{program.gpu['threads']}")
+
+    consumers = list(sch.get_consumers(block))
+    if outer_r:
+        acc = sch.cache_write(block, 0, "local")
+        for c in consumers:  # elementwise epilogues join the write-back
+            _try(None, "inline", sch.reverse_compute_inline, c)
+        sch.reverse_compute_at(acc, tx)
+    else:
+        for c in consumers:
+            _try(None, "inline", sch.reverse_compute_inline, c)
+    for c in sch.get_consumers(acc if outer_r else block):
+        notes.append(f"{sch.get(c).name_hint} runs as its own kernel")
+        _bind_root(sch, c)
+
+    copy_lanes = program.gpu.get("copy_lanes", {})
+    for t in expr.inputs:
+        idx = _read_index(sch, block, t.name)
+        if idx is None or not outer_r or t.name not in program.packed:
+            continue
+        stage = _producer_of(sch, block, t.name)
+        shared = sch.cache_read(block, idx, "shared")
+        sch.compute_at(shared, outer_r[-1])
+        if stage is not None and not _try(None, "inline", sch.compute_inline, stage):
+            notes.append(f"{sch.get(stage).name_hint} runs as its own kernel")
+            _bind_root(sch, stage)
+        _storage_pad(sch, shared, program.storage_pad.get(t.name, 0))
+        _cooperative_copy(sch, shared, n_threads, copy_lanes.get(t.name, 1), t.name)
+
+    for lp in inner:
+        if int(sch.get(lp).extent) > 1:
+            sch.unroll(lp)
+    if inner_r:
+        sch.annotate(inner_r[-1], "pragma_auto_unroll_max_step", 64)
+        sch.annotate(inner_r[-1], "pragma_unroll_explicit", 1)
+    if outer_r:
+        sch.decompose_reduction(block, outer_r[0])
+    return sch
+
+
+def _cooperative_copy(sch, block, n_threads: int, lanes: int, name: str) -> None:
+    """The copy ``block`` (global -> shared) spread over the block's threads: its loops fused, split into
+    [rounds, threadIdx.x, lanes] with the ``lanes`` vector innermost. A vector whose row would not divide
+    is a misaligned access: BuildError."""
+    loops = sch.get_loops(block)
+    # the copy's own loops follow the loops of the kernel it sits in (block, thread, reduction step)
+    own = [lp for lp in loops if not _is_bound_or_outer(sch, lp, block)]
+    row = int(sch.get(own[-1]).extent) if own else 1
+    if lanes > 1 and row % lanes:
+        raise BuildError(f"{name}: a {lanes}-element vector copy of rows of {row} elements would be misaligned")
+    fused = sch.fuse(*own) if len(own) > 1 else own[0]
+    total = int(sch.get(fused).extent)
+    if lanes > 1:
+        fused, vec = sch.split(fused, [None, lanes])
+    _, tx = sch.split(fused, [None, n_threads]) if total // lanes > 1 else (None, fused)
+    sch.bind(tx, "threadIdx.x")
+    if lanes > 1:
+        sch.vectorize(vec)
+
+
+def _is_bound_or_outer(sch, loop, block) -> bool:
+    """Whether ``loop`` encloses the copy from outside (a loop of the main nest): it is bound to a thread
+    axis or encloses other blocks too."""
+    if sch.get(loop).thread_binding is not None:
+        return True
+    return len(sch.get_child_blocks(loop)) > 1 or sch.get(sch.get_child_blocks(loop)[0]) != sch.get(block)
+
+
+def _bind_root(sch, block) -> None:
+    """A stage at root as its own kernel: its loops fused, ROOT_THREADS threads a block."""
+    loops = sch.get_loops(block)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    bx, tx = sch.split(fused, [None, ROOT_THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
