@@ -1,5 +1,6 @@
-"""The offline CUDA toolchain from PyPI (``pip install -e ".[cuda]"``): CUDA source -> PTX -> cubin with NVRTC,
-and ``ptxas -v`` resources (registers, spills, shared memory) as data. No system CUDA and no GPU needed.
+"""The offline CUDA toolchain from PyPI (``pip install -e ".[cuda]"``): CUDA source -> PTX with NVRTC, PTX ->
+cubin with ``ptxas -v`` and its resources (registers, spills, shared memory) as data (or source -> cubin
+with NVRTC alone). No system CUDA and no GPU needed.
 
 TVM compiles CUDA through NVRTC (``tvm.support.nvcc.compile_cuda``) and looks for ``cuda_runtime.h`` and the
 CCCL headers (``cuda/std/...``) under ``$CUDA_PATH/include``. The wheels keep them in two folders
@@ -156,14 +157,14 @@ def parse_ptxas(text: str) -> list[KernelResources]:
     return out
 
 
-def ptxas_resources(ptx: str, arch: str) -> list[KernelResources]:
-    """Runs ``ptxas -arch=ARCH -v`` on PTX text and returns each kernel's resources."""
+def assemble(ptx: str, arch: str) -> tuple[bytes, list[KernelResources]]:
+    """Runs ``ptxas -arch=ARCH -v`` on PTX text: the cubin, and each kernel's resources."""
     exe = ptxas_path()
     with tempfile.TemporaryDirectory(prefix="roller-ptxas-") as tmp:
-        src = Path(tmp) / "kernel.ptx"
+        src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         src.write_text(ptx)
-        proc = subprocess.run([str(exe), f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "kernel.o")],
+        proc = subprocess.run([str(exe), f"-arch={arch}", "-v", str(src), "-o", str(out)],
                               capture_output=True, text=True)
-    if proc.returncode:
-        raise ToolchainError(f"ptxas -arch={arch} failed: {(proc.stderr or proc.stdout).strip()[:2000]}")
-    return parse_ptxas(proc.stdout + proc.stderr)
+        if proc.returncode:
+            raise ToolchainError(f"ptxas -arch={arch} failed: {(proc.stderr or proc.stdout).strip()[:2000]}")
+        return out.read_bytes(), parse_ptxas(proc.stdout + proc.stderr)

@@ -23,7 +23,8 @@ from .device import Device
 from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
 from .model import rank
-from .gpu_rules import GpuLevelRules, bank_pad_elements, copy_lanes, threads_per_block, warp_aligned
+from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, shared_bytes, threads_per_block,
+                        warp_aligned)
 from .rprogram import RProgram
 from .rtile import axis_step, ceil_div, exact_axes, footprint, next_aligned, reuse_score, tile_counts, traffic
 
@@ -108,7 +109,7 @@ def block_tiles(expr: Expr, device: Device, thread: Mapping[str, int], eps: floa
     sms, warp = device.units.count, device.units.warp_threads
 
     def fits(t, prev):
-        if footprint(expr, t, rules) > rules.capacity:
+        if shared_bytes(expr, t, device) > rules.capacity:
             return False
         threads = threads_per_block(expr, thread, t)
         if threads > device.gpu.max_threads_per_block:
@@ -162,6 +163,13 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         footprint_bytes=dict(e.footprint_bytes), traffic_bytes=dict(e.traffic_bytes), epsilon=eps,
         gpu={**est.resources(), "reduction_steps": est.reduction_steps,
              "copy_lanes": {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs}})
+
+
+def plan(expr: Expr, tiles: list[Mapping[str, int]], device: Device, epsilon: float = 0.0) -> RProgram:
+    """The GPU plan with these (thread, block) tiles, as construction would record it (for tests and
+    comparisons with other schedulers' tiles)."""
+    tiles = [dict(t) for t in tiles]
+    return _program(expr, tiles, device, epsilon, estimate(expr, tiles, device))
 
 
 def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None) -> list[RProgram]:

@@ -8,8 +8,8 @@ block's thread count, a whole number of warps. The rules here are what differs f
 
 - rows of a block tile are filled from global memory in whole sectors (coalesced, transaction-aligned
   loads: the block tile's contiguous extents step in sectors of the dtype), and held in shared memory
-  with one bank of padding where the row stride would put a column in few banks (``storage_pad_bytes``,
-  the same bank rule as the CPU's cache-set padding, here at the level it protects);
+  with one bank of padding where the row stride would put a column in few banks and the warp reads down
+  columns (``storage_pad_bytes``, the CPU's cache-set rule at the level it protects; ``bank_pad_elements``);
 - the output tile stays in the threads' registers across the whole reduction: it takes no shared memory
   and is written to global memory once;
 - how many blocks an SM holds at once (``occupancy``: registers, shared memory, threads, blocks) and the
@@ -35,10 +35,15 @@ class GpuLevelRules(LevelRules):
     block level holds in registers, not shared memory."""
 
     output: str = ""
+    column_read: frozenset[str] = frozenset()  # inputs whose tiles a warp reads down columns (bank_pad_elements)
 
     @classmethod
     def of(cls, device: Device, index: int, expr: Expr, vector_axis: str | None = None) -> "GpuLevelRules":
-        return cls(index, device.private_levels[index], 1, None, None, expr.output.name)
+        # the threads of a warp differ in spatial axes: a tile whose rows run along reduction axes only is
+        # read down its columns
+        columns = frozenset(t.name for t in expr.inputs
+                            if not any(expr.axis(a).kind != REDUCE for a in t.innermost_axes()))
+        return cls(index, device.private_levels[index], 1, None, None, expr.output.name, columns)
 
     def row_bytes(self, t: TensorAccess, inner: int, moved: bool = False) -> int:
         """Bytes one row of a tensor tile takes (or, ``moved``, transfers) at this level.
@@ -53,13 +58,18 @@ class GpuLevelRules(LevelRules):
         if t.name == self.output:
             return 0
         held = round_up(raw, self.level.bank_bytes or 1)
-        return held + self.storage_pad_bytes(held)
+        return held + (self.storage_pad_bytes(held) if t.name in self.column_read else 0)
 
 
 def bank_pad_elements(t: TensorAccess, block: Mapping[str, int], rules: GpuLevelRules) -> int:
-    """Elements of padding per row of input ``t``'s block tile in shared memory (the bank rule)."""
+    """Elements of padding per row of input ``t``'s block tile in shared memory (the bank rule).
+
+    Only a tile whose rows run along reduction axes is padded: the threads of a warp differ in spatial
+    axes, so they read such a tile down a column (A[m, k] in a matmul), where a row stride sharing a factor
+    with the banks conflicts. A tile whose rows run along a spatial axis is read along its rows, where
+    padding changes nothing (and would break the alignment of its vector copies)."""
     region = t.region(block)
-    if len(region) < 2:  # a single row: no column to conflict
+    if len(region) < 2 or t.name not in rules.column_read:  # a single row, or read along its rows
         return 0
     raw = round_up(region[-1] * t.elem_bytes, rules.level.bank_bytes or 1)
     return rules.storage_pad_bytes(raw) // t.elem_bytes
@@ -76,21 +86,34 @@ def warp_aligned(threads: int, device: Device) -> bool:
     return threads % warp == 0 and threads <= device.gpu.max_threads_per_block
 
 
-REGISTER_OVERHEAD = 24  # registers a thread needs beyond its tile: indices, addresses, loop counters (see
-# tests/test_cuda_codegen.py, which compares this estimate with ptxas on the generated kernels)
+# The register estimate, fitted to ptxas (sm_80) on roller's own kernels for 4096^3 matmul plans with
+# reduction steps of at most 32: thread tiles 8x8 -> 128 registers, 8x4 -> 80-86, 4x4 -> 40-64. nvcc
+# unrolls the step and keeps about FRAGMENT_STEPS steps of operand fragments in flight beside the
+# accumulators; REGISTER_OVERHEAD covers indices and addresses. Longer steps and wide copies use more
+# (up to 255 for a 64-long step): the build checks ptxas's count (roller.codegen.cuda.resource_problems).
+FRAGMENT_STEPS = 4
+REGISTER_OVERHEAD = 16
 
 
 def thread_registers(expr: Expr, thread: Mapping[str, int]) -> int:
-    """32-bit registers one thread needs for its tile: the accumulators, one operand fragment per input, and
-    REGISTER_OVERHEAD; the model's estimate (ptxas gives the real count once the kernel is compiled)."""
-    words = sum(ceil_div(math.prod(t.region(thread)) * t.elem_bytes, 4) for t in expr.tensors)
-    return words + REGISTER_OVERHEAD
+    """32-bit registers one thread needs for its tile: the accumulators, FRAGMENT_STEPS operand fragments per
+    input, and REGISTER_OVERHEAD; the model's estimate (ptxas gives the real count once compiled)."""
+    words = {t.name: ceil_div(math.prod(t.region(thread)) * t.elem_bytes, 4) for t in expr.tensors}
+    fragments = sum(words[t.name] for t in expr.inputs)
+    return words[expr.output.name] + FRAGMENT_STEPS * fragments + REGISTER_OVERHEAD
+
+
+SHARED_ALIGN_BYTES = 64  # TVM's code generators align every shared-memory buffer to 64 B (alignas(64))
 
 
 def shared_bytes(expr: Expr, block: Mapping[str, int], device: Device) -> int:
-    """Bytes of shared memory one block holds: its inputs' tiles with their bank padding."""
+    """Bytes of shared memory one block holds: its inputs' tiles with their bank padding, laid out in input
+    order with each buffer starting SHARED_ALIGN_BYTES-aligned, as the generated code allocates them."""
     rules = GpuLevelRules.of(device, 1, expr)
-    return sum(tensor_footprint(t, block, rules) for t in expr.inputs)
+    end = 0
+    for t in expr.inputs:
+        end = round_up(end, SHARED_ALIGN_BYTES) + tensor_footprint(t, block, rules)
+    return end
 
 
 @dataclass(frozen=True)

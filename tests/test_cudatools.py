@@ -65,7 +65,8 @@ def test_source_to_ptx_cubin_and_resources(arch):
     assert ".entry axpy" in ptx and f".target {arch}" in ptx
     cubin = cudatools.to_cubin(KERNEL, arch)
     assert cubin[:4] == b"\x7fELF"
-    (res,) = cudatools.ptxas_resources(ptx, arch)
+    assembled, (res,) = cudatools.assemble(ptx, arch)
+    assert assembled[:4] == b"\x7fELF"
     assert res.kernel == "axpy" and res.shared_bytes == 128 * 4 and res.barriers == 1
     assert 0 < res.registers < 64 and not res.spills
 

@@ -126,15 +126,23 @@ def test_bank_padding_enters_the_shared_footprint(a100):
     rules = GpuLevelRules.of(a100, 1, e)
     a, b, c = e.inputs[0], e.inputs[1], e.output
     block = {"i": 128, "j": 128, "k": 8}
-    # rows of 8 and 128 words put a column in 4 and 1 of 32 banks: one word of padding each
+    # rows of 8 and 128 words put a column in 4 and 1 of 32 banks: one word of padding
     assert rules.storage_pad_bytes(32) == 4 and rules.storage_pad_bytes(512) == 4
     assert rules.storage_pad_bytes(36) == 0                  # 9 words: odd stride, all banks
-    assert gpu_rules.bank_pad_elements(a, block, rules) == 1 and gpu_rules.bank_pad_elements(b, block, rules) == 1
-    assert rules.row_bytes(a, 8) == 36 and rules.row_bytes(b, 128) == 516
+    # A's rows run along k (reduced): the warp's threads (differing in i, j) read it down a column: padded.
+    # B's rows run along j: read along the row, not padded
+    assert rules.column_read == {"A"}
+    assert gpu_rules.bank_pad_elements(a, block, rules) == 1 and gpu_rules.bank_pad_elements(b, block, rules) == 0
+    assert rules.row_bytes(a, 8) == 36 and rules.row_bytes(b, 128) == 512
     assert rules.row_bytes(c, 128) == 0                      # the output stays in registers
     assert rules.row_bytes(c, 100, moved=True) == 416        # ... and is written in whole 32-B sectors
     assert rules.row_bytes(a, 9, moved=True) == 64           # 36 B read as two sectors
-    assert gpu_rules.shared_bytes(e, block, a100) == 128 * 36 + 8 * 516
+    assert gpu_rules.shared_bytes(e, block, a100) == 128 * 36 + 8 * 512
+    # a buffer starts 64-B aligned: A's 8 x 9 floats end at 288 B, B's tile starts at 320
+    assert gpu_rules.shared_bytes(e, {"i": 8, "j": 128, "k": 8}, a100) == 320 + 8 * 512
+    # a convolution's input rows run along c (reduced): padded; the weight's along k (spatial): not
+    conv = conv2d_nhwc(1, 28, 28, 64, 64, 3, 3)
+    assert GpuLevelRules.of(a100, 1, conv).column_read == {"X"}
 
 
 def test_thread_level_holds_elements(a100):
@@ -142,8 +150,9 @@ def test_thread_level_holds_elements(a100):
     rules = GpuLevelRules.of(a100, 0, e)
     assert rules.lanes == 1 and rules.vector_axis is None
     assert rules.row_bytes(e.inputs[0], 3) == 12 and rules.row_bytes(e.inputs[0], 3, moved=True) == 12
-    # an 8 x 8 accumulator tile, 8 + 8 operands, and the fixed overhead
-    assert gpu_rules.thread_registers(e, {"i": 8, "j": 8, "k": 1}) == 64 + 16 + gpu_rules.REGISTER_OVERHEAD
+    # an 8 x 8 accumulator tile, 8 + 8 operands for a few steps in flight, and the fixed overhead
+    assert gpu_rules.thread_registers(e, {"i": 8, "j": 8, "k": 1}) == (
+        64 + 16 * gpu_rules.FRAGMENT_STEPS + gpu_rules.REGISTER_OVERHEAD)
 
 
 def test_copy_lanes_keep_vector_accesses_aligned():
@@ -204,8 +213,8 @@ def test_the_model_counts_waves_and_latency(a100):
     one = gpu_model.estimate(matmul(128 * 108, 128, 1024), [thread, block], a100)
     two = gpu_model.estimate(matmul(128 * 216, 128, 1024), [thread, block], a100)
     assert one.estimate.tiles == 108 and two.estimate.tiles == 216
-    # 256 threads x 104 registers: 3328 a warp, 19 warps' worth per SM: 2 blocks of 8 warps
-    assert one.occupancy == Occupancy(2, 16, "registers") and one.estimate.waves == 1
+    # 256 threads x 144 registers: 4608 a warp, 14 warps' worth per SM: 1 block of 8 warps
+    assert one.registers == 144 and one.occupancy == Occupancy(1, 8, "registers") and one.estimate.waves == 1
     # twice the blocks: the busiest SM runs two, twice the time (but the launch)
     launch = gpu_model.LAUNCH_SECONDS
     assert two.estimate.seconds - launch == pytest.approx(2 * (one.estimate.seconds - launch), rel=1e-6)

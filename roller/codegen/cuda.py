@@ -21,12 +21,15 @@ which runs on a CPU without a GPU to check the numbers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from ..cudatools import KernelResources
 from ..device import Device
 from ..errors import BuildError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
 from .cpu import _check_program, _fuse_axes, _main_block, _producer_of, _read_index, _storage_pad, _try
+from .launch import KernelLaunch, kernel_launches, lower
 
 ROOT_THREADS = 256  # threads per block of a producer stage that runs as its own kernel
 
@@ -146,3 +149,73 @@ def _bind_root(sch, block) -> None:
     bx, tx = sch.split(fused, [None, ROOT_THREADS])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """A GPU plan compiled offline for the device's architecture: the CUDA source, PTX (NVRTC), cubin and
+    per-kernel resources (ptxas), the host's kernel calls, and ``problems``: every device limit the
+    kernels break (``resource_problems``); a candidate with problems is dropped."""
+
+    arch: str
+    source: str
+    ptx: str
+    cubin: bytes
+    resources: tuple[KernelResources, ...]
+    launches: tuple[KernelLaunch, ...]
+    problems: tuple[str, ...]
+
+    def main(self) -> KernelResources:
+        """The resources of the main kernel (the one with the most registers)."""
+        return max(self.resources, key=lambda r: (r.registers, r.shared_bytes))
+
+
+def gpu_limits(device: Device) -> dict[str, int]:
+    """The per-block limits ``tvm.s_tir.analysis.verify_gpu_code`` checks, from the device's spec."""
+    g = device.gpu
+    return {"max_shared_memory_per_block": g.shared_per_block, "max_threads_per_block": g.max_threads_per_block,
+            "max_thread_x": g.max_threads_per_block, "max_vector_bytes": 16}
+
+
+def resource_problems(device: Device, program: RProgram, resources, verified: bool) -> list[str]:
+    """Why the compiled kernels break the device's limits or the model's assumptions, one line each:
+    TVM's GPU code check, registers over the per-thread limit, spills, and an occupancy (with ptxas's
+    registers and shared memory) below the blocks per SM the model assumed."""
+    from ..gpu_rules import occupancy
+
+    out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {gpu_limits(device)}"]
+    for r in resources:
+        if r.registers > device.gpu.max_registers_per_thread:
+            out.append(f"{r.kernel}: {r.registers} registers a thread, over {device.gpu.max_registers_per_thread}")
+        if r.spills:
+            out.append(f"{r.kernel}: spills {r.spill_store_bytes} B stored / {r.spill_load_bytes} B loaded")
+    main = max(resources, key=lambda r: (r.registers, r.shared_bytes)) if resources else None
+    if main is not None and program.gpu:
+        occ = occupancy(device, program.gpu["threads"], main.registers, main.shared_bytes)
+        if occ.blocks_per_sm < program.gpu["blocks_per_sm"]:
+            out.append(f"{main.kernel}: {occ.blocks_per_sm} blocks per SM with {main.registers} registers and "
+                       f"{main.shared_bytes} B shared (limited by {occ.limited_by}); the model assumed "
+                       f"{program.gpu['blocks_per_sm']}")
+    return out
+
+
+def build_cuda(func, expr: Expr, program: RProgram, device: Device, notes: list[str] | None = None) -> CudaBuild:
+    """Schedules ``func`` for the GPU ``program`` and compiles it offline (``roller.cudatools``) for the
+    device's ``target.arch``; needs the CUDA toolchain extra, no GPU."""
+    import tvm
+
+    from .. import cudatools
+    from ..tvmutil import target_for
+
+    arch = str(device.target.get("arch", ""))
+    sch = schedule_cuda(func, expr, program, device, notes)
+    target = target_for(device)
+    host, devices = lower(sch.mod, target)
+    limits = gpu_limits(device)
+    verified = all(tvm.s_tir.analysis.verify_gpu_code(f, limits)
+                   for m in devices.values() for f in m.functions.values())
+    source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
+    ptx = cudatools.to_ptx(source, arch)
+    cubin, resources = cudatools.assemble(ptx, arch)
+    return CudaBuild(arch, source, ptx, cubin, tuple(resources), kernel_launches(host),
+                     tuple(resource_problems(device, program, resources, verified)))
