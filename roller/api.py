@@ -216,11 +216,17 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
 
     ``options`` set the operator's string options, e.g. ``kind="avg"`` for pool2d or ``layout="nt"`` for
     matmul (InvalidShapeError for an option the operator does not take or a value it does not allow);
-    the report's ``options`` names every option's value. ``cache``: see :func:`build`.
+    the report's ``options`` names every option's value. ``cache``: see :func:`build`. On a GPU device the
+    top-``topk`` plans are compiled offline and checked against its limits (``roller.gpu_build``: a
+    GpuBuildResult, nothing timed, not cached).
     """
     from . import ops
     from .profile import warm_up
 
+    dev = _device(device)
+    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
+        from .gpu_build import build_gpu_op
+        return build_gpu_op(op, shape, dtype, dev, topk, **options)
     spec = ops.get_op(op).with_options(**options)
     full = ops.validate_shape(spec, dict(shape), dtype)
     if not cache:  # the build server imports TVM while this process does the same, on the other core
@@ -231,5 +237,5 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
         inputs = spec.inputs(full, dtype, np.random.default_rng(0))
         return inputs, spec.reference(inputs, full)
 
-    return _build(func, device, topk, profile, check, progress, spec.name, full, build_budget, cache,
+    return _build(func, dev, topk, profile, check, progress, spec.name, full, build_budget, cache,
                   spec.option_values, dtype)

@@ -62,6 +62,35 @@ def _print_build(report: dict, saved: dict | None) -> None:
         print(f"wrote {saved['library']} and {saved['report']}")
 
 
+def _print_gpu_build(report: dict, saved: dict | None) -> None:
+    """A GPU build: the chosen tiles, then per candidate the model's resources beside ptxas's."""
+    chosen = report["candidates"][report["chosen"]]
+    shape = ",".join(f"{k}={v}" for k, v in report["shape"].items())
+    print(f"roller build {report['op']} {shape} {report['dtype']} on {report['device']} ({report['arch']}, "
+          f"compiled offline)")
+    print("chosen rTiles: " + "; ".join(f"{lv} " + " ".join(f"{a}={s}" for a, s in t.items())
+                                        for lv, t in chosen["tiles"].items())
+          + f"; {chosen['model']['threads']} threads a block, grid of "
+          + "x".join(str(g) for g in chosen["grid"].values()) + f" blocks in {chosen['waves']} waves")
+    print(f"predicted {_fmt_seconds(chosen['predicted_seconds'])} ({report['predicted_gflops']:.0f} GFLOP/s, "
+          f"{report['peak_fraction']:.0%} of the spec's peak); ranking: {report['ranking']}")
+    print(f"verified: {'yes' if report['verified'] else 'no' if report['verified'] is False else '-'} "
+          f"({report['verified_by']})")
+    print(f"{'#':>3} {'threads':>7} {'regs model/ptxas':>16} {'spill B':>7} {'smem model/ptxas':>17} "
+          f"{'blocks/SM':>9} {'predicted':>10}  status")
+    for i, c in enumerate(report["candidates"]):
+        m, x = c["model"], c["ptxas"] or {}
+        spill = (x.get("spill_store_bytes", 0) + x.get("spill_load_bytes", 0)) if x else "-"
+        status = ("chosen" if i == report["chosen"] else
+                  "dropped: " + "; ".join(c["problems"] or [c["error"] or ""]) if c["dropped"] else "")
+        print(f"{i:>3} {m['threads']:>7} {m['registers']:>7}/{x.get('registers', '-'):<8} {spill:>7} "
+              f"{m['shared_bytes']:>8}/{x.get('shared_bytes', '-'):<8} {m['blocks_per_sm']:>9} "
+              f"{_fmt_seconds(c['predicted_seconds']):>10}  {status}")
+    print(f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
+    if saved:
+        print("wrote " + ", ".join(saved.values()))
+
+
 def _kernel_request(args) -> dict:
     """build_op's arguments from parsed kernel arguments (see _add_kernel_args), validated: one clear
     error line before anything is built."""
@@ -88,6 +117,8 @@ def cmd_build(args) -> int:
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
+    elif result.report.get("device_kind") == "gpu":
+        _print_gpu_build(result.report, saved)
     else:
         _print_build(result.report, saved)
     if args.plot:
