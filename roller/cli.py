@@ -111,7 +111,11 @@ def cmd_build(args) -> int:
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
     if args.plot:
+        from .device import load_device
         from .plot import check_plot_path
+        if load_device(args.device).kind == "gpu":
+            raise RollerError(f"--plot draws measured candidates; nothing is timed on {args.device} without its GPU: "
+                              f"leave --plot out")
         check_plot_path(args.plot)  # matplotlib and the path too
     result = api.build_op(**request, progress=not args.json and sys.stderr.isatty(), cache=not args.no_cache)
     saved = result.save(args.out) if args.out else None

@@ -23,8 +23,8 @@ from .device import Device
 from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
 from .model import rank
-from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, shared_bytes, threads_per_block,
-                        warp_aligned)
+from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, interleaved_axes, shared_bytes,
+                        threads_per_block, warp_aligned)
 from .rprogram import RProgram
 from .rtile import axis_step, ceil_div, exact_axes, footprint, next_aligned, reuse_score, tile_counts, traffic
 
@@ -162,6 +162,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         predicted_seconds=e.seconds, compute_seconds=e.compute_seconds, memory_seconds=dict(e.memory_seconds),
         footprint_bytes=dict(e.footprint_bytes), traffic_bytes=dict(e.traffic_bytes), epsilon=eps,
         gpu={**est.resources(), "reduction_steps": est.reduction_steps,
+             "interleaved": interleaved_axes(expr, thread),
              "copy_lanes": {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs}})
 
 

@@ -80,6 +80,18 @@ def threads_per_block(expr: Expr, thread: Mapping[str, int], block: Mapping[str,
     return math.prod(ceil_div(block[a.name], thread[a.name]) for a in expr.axes if a.kind != REDUCE)
 
 
+VIRTUAL_THREAD_AXES = 3  # TVM binds vthread.x, .y, .z
+
+
+def interleaved_axes(expr: Expr, thread: Mapping[str, int]) -> tuple[str, ...]:
+    """The spatial axes along which a thread's tile is strided by the block's threads rather than contiguous
+    (the innermost VIRTUAL_THREAD_AXES with a thread tile over 1, in axis order): then the threads of a warp
+    store neighbouring output elements (coalesced) and read neighbouring words of a shared row (distinct
+    banks) instead of elements a thread tile apart."""
+    axes = [a.name for a in expr.axes if a.kind != REDUCE and thread[a.name] > 1]
+    return tuple(axes[-VIRTUAL_THREAD_AXES:])
+
+
 def warp_aligned(threads: int, device: Device) -> bool:
     """Whether a block of ``threads`` fills whole warps within the per-block limit."""
     warp = device.units.warp_threads or 1
@@ -87,12 +99,12 @@ def warp_aligned(threads: int, device: Device) -> bool:
 
 
 # The register estimate, fitted to ptxas (sm_80) on roller's own kernels for 4096^3 matmul plans with
-# reduction steps of at most 32: thread tiles 8x8 -> 128 registers, 8x4 -> 80-86, 4x4 -> 40-64. nvcc
-# unrolls the step and keeps about FRAGMENT_STEPS steps of operand fragments in flight beside the
-# accumulators; REGISTER_OVERHEAD covers indices and addresses. Longer steps and wide copies use more
-# (up to 255 for a 64-long step): the build checks ptxas's count (roller.codegen.cuda.resource_problems).
-FRAGMENT_STEPS = 4
-REGISTER_OVERHEAD = 16
+# reduction steps of at most 32 (interleaved thread tiles): 8x8 -> 96 registers, 8x4 -> 56-64, 4x4 -> 40.
+# nvcc unrolls the step and keeps about FRAGMENT_STEPS steps of operand fragments in flight beside the
+# accumulators; REGISTER_OVERHEAD covers indices and addresses. A longer step uses more (208 for an 8x8 tile
+# with a 64-long step): the build checks ptxas's count (roller.codegen.cuda.resource_problems).
+FRAGMENT_STEPS = 2
+REGISTER_OVERHEAD = 8
 
 
 def thread_registers(expr: Expr, thread: Mapping[str, int]) -> int:

@@ -213,8 +213,8 @@ def test_the_model_counts_waves_and_latency(a100):
     one = gpu_model.estimate(matmul(128 * 108, 128, 1024), [thread, block], a100)
     two = gpu_model.estimate(matmul(128 * 216, 128, 1024), [thread, block], a100)
     assert one.estimate.tiles == 108 and two.estimate.tiles == 216
-    # 256 threads x 144 registers: 4608 a warp, 14 warps' worth per SM: 1 block of 8 warps
-    assert one.registers == 144 and one.occupancy == Occupancy(1, 8, "registers") and one.estimate.waves == 1
+    # 256 threads x 104 registers: 3328 a warp, 19 warps' worth per SM: 2 blocks of 8 warps
+    assert one.registers == 104 and one.occupancy == Occupancy(2, 16, "registers") and one.estimate.waves == 1
     # twice the blocks: the busiest SM runs two, twice the time (but the launch)
     launch = gpu_model.LAUNCH_SECONDS
     assert two.estimate.seconds - launch == pytest.approx(2 * (one.estimate.seconds - launch), rel=1e-6)
@@ -232,3 +232,11 @@ def test_gpu_planning_needs_no_compiler():
             "assert construct(matmul(512, 512, 512), load_device('h100', calibrated=False)).programs; "
             "assert 'tvm' not in sys.modules, 'the GPU policy imported TVM'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_thread_tiles_interleave_along_the_innermost_axes():
+    e = conv2d_nhwc(2, 28, 28, 64, 64, 3, 3)
+    # spatial axes n, h, w, k: the last three with a tile over 1 get virtual threads
+    assert gpu_rules.interleaved_axes(e, {"n": 2, "h": 2, "w": 2, "k": 4, "r": 1, "s": 1, "c": 1}) == ("h", "w", "k")
+    assert gpu_rules.interleaved_axes(e, {"n": 1, "h": 1, "w": 4, "k": 1, "r": 1, "s": 1, "c": 1}) == ("w",)
+    assert gpu_rules.interleaved_axes(matmul(64, 64, 64), {"i": 1, "j": 1, "k": 1}) == ()

@@ -2,11 +2,12 @@
 
 Loop structure for axes i, j (spatial) and k (reduce), thread tile (ti, tj, 1), block tile (bi, bj, bk)::
 
-    [i_g j_g fused: blockIdx.x] [i_t j_t fused: threadIdx.x] k_o | k_i | i_0 j_0 (unrolled)
-     one block per block tile     one thread per thread tile   steps | the step | the thread tile
-                                                               of bk  | in smem |  in registers
+    [i_g j_g fused: blockIdx.x] [i_v: vthread.y] [j_v: vthread.x] [i_t j_t fused: threadIdx.x] k_o | k_i
+     one block per block tile    a thread's tile, interleaved    one thread per thread tile   steps | the step
 
-A thread's tile is contiguous (``i_0``, ``j_0`` innermost). Its accumulators live in registers
+A thread's tile is strided by the block's threads along the plan's ``gpu["interleaved"]`` axes (TVM's
+virtual threads: a warp's stores are coalesced and its shared-memory reads along a row hit distinct banks);
+along other spatial axes it is contiguous (an unrolled inner loop). Its accumulators live in registers
 (``cache_write`` to ``local`` at the thread loop: initialized before the reduction, written back once).
 Every input is staged in shared memory per reduction step (``cache_read`` to ``shared`` at ``k_o``): the
 block's threads copy it cooperatively, the copy's loops fused and split over ``threadIdx.x`` with the
@@ -51,7 +52,9 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     block = _main_block(sch, expr)
     axis_loop = _fuse_axes(sch, block, expr)
 
-    grids, threads, inner, outer_r, inner_r = [], [], [], [], []
+    interleaved = list(program.gpu.get("interleaved", ()))
+    vthread = {a: f"vthread.{d}" for a, d in zip(reversed(interleaved), "xyz")}
+    grids, vthreads, threads, inner, outer_r, inner_r = [], [], [], [], [], []
     for ax in expr.axes:
         t, b = thread[ax.name], block_tile[ax.name]
         if ax.kind == REDUCE:
@@ -61,12 +64,19 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
             ko, ki = sch.split(axis_loop[ax.name], [math.ceil(ax.extent / b), b])
             outer_r.append(ko)
             inner_r.append(ki)
+        elif ax.name in vthread:  # a thread's elements strided by the block's threads along this axis
+            g, v, th = sch.split(axis_loop[ax.name], [math.ceil(ax.extent / b), t, b // t])
+            grids.append(g)
+            vthreads.append((v, vthread[ax.name]))
+            threads.append(th)
         else:
             g, th, i0 = sch.split(axis_loop[ax.name], [math.ceil(ax.extent / b), b // t, t])
             grids.append(g)
             threads.append(th)
             inner.append(i0)
-    sch.reorder(*grids, *threads, *outer_r, *inner_r, *inner)
+    sch.reorder(*grids, *[v for v, _ in vthreads], *threads, *outer_r, *inner_r, *inner)
+    for v, tag in vthreads:
+        sch.bind(v, tag)
     bx = sch.fuse(*grids) if len(grids) > 1 else grids[0]
     tx = sch.fuse(*threads) if len(threads) > 1 else threads[0]
     sch.bind(bx, "blockIdx.x")

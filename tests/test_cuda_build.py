@@ -1,0 +1,94 @@
+"""roller build on a GPU spec without a GPU: candidates compiled offline, checked against the device's limits,
+reported beside the model, the ranking said to be the model's alone; clear errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roller import cudatools
+from roller.codegen import opencl
+from roller.codegen.cuda import resource_problems
+from roller.cudatools import KernelResources
+from roller.device import load_device
+from roller.errors import ToolchainError
+
+no_cuda = cudatools.missing()
+needs_cuda = pytest.mark.skipif(no_cuda is not None, reason=f"CUDA toolchain: {no_cuda}")
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "roller.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.build
+@needs_cuda
+def test_build_on_a_gpu_spec_writes_cuda_and_reports_ptxas(tmp_path):
+    proc = _cli("build", "matmul", "--shape", "M=128,N=96,K=64", "--device", "a100", "--topk", "3", "--json",
+                "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["device"] == "a100" and r["arch"] == "sm_80" and r["timed"] is False
+    assert "nothing was timed" in r["ranking"] and r["kernel_seconds"] is None
+    if opencl.missing() is None:
+        assert r["verified"] is True and "OpenCL twin" in r["verified_by"]
+    assert 0 < r["peak_fraction"] <= 1
+    chosen = r["candidates"][r["chosen"]]
+    assert not chosen["dropped"] and not chosen["problems"]
+    assert all(c["dropped"] for c in r["candidates"][:r["chosen"]])  # the first that fits is chosen
+    for c in r["candidates"]:
+        if c["ptxas"] is not None:
+            assert c["ptxas"]["shared_bytes"] == c["model"]["shared_bytes"]
+            assert c["ptxas"]["registers"] > 0
+        assert c["dropped"] == bool(c["problems"] or c["error"])
+    assert (tmp_path / "matmul.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert "__global__" in (tmp_path / "matmul.cu").read_text()
+    assert ".target sm_80" in (tmp_path / "matmul.ptx").read_text()
+    saved = json.loads((tmp_path / "matmul.json").read_text())
+    assert saved["program"]["gpu"]["threads"] == chosen["model"]["threads"]
+    assert {Path(v).name for v in saved["files"].values()} == {"matmul.cu", "matmul.ptx", "matmul.cubin", "matmul.json"}
+
+
+@pytest.mark.build
+@needs_cuda
+def test_build_text_report_names_model_and_ptxas():
+    proc = _cli("build", "reduce_sum", "--shape", "M=64,N=100", "--device", "rtx4090", "--topk", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "sm_89" in out and "regs model/ptxas" in out and "smem model/ptxas" in out
+    assert "no GPU was used and nothing was timed" in out
+
+
+def test_plot_is_refused_on_a_gpu_spec(tmp_path):
+    proc = _cli("build", "matmul", "--shape", "M=64,N=64,K=64", "--device", "a100", "--plot", str(tmp_path / "r.png"))
+    assert proc.returncode == 2 and "nothing is timed" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_missing_toolchain_is_one_clear_error(monkeypatch):
+    from roller import api
+    monkeypatch.setattr(cudatools, "missing", lambda: "the NVIDIA CUDA wheels are not installed; " + cudatools.INSTALL_HINT)
+    with pytest.raises(ToolchainError, match=r'pip install -e "\.\[cuda\]"'):
+        api.build_op("matmul", {"M": 64, "N": 64, "K": 64}, device="a100", topk=1)
+
+
+def _res(**kw):
+    base = dict(kernel="main_kernel", registers=32, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0,
+                shared_bytes=8192, barriers=1)
+    return KernelResources(**{**base, **kw})
+
+
+def test_resource_problems_by_hand():
+    from roller.rprogram import RProgram
+    dev = load_device("a100", calibrated=False)
+    p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={}, units=1, waves=1,
+                 gpu={"threads": 256, "blocks_per_sm": 4})
+    # 256 threads x 32 registers and 8 KiB: 8 blocks fit, the model assumed 4: fine
+    assert resource_problems(dev, p, [_res()], True) == []
+    # 64 registers: 65536 / (64 x 256) = 4 blocks: still what the model assumed
+    assert resource_problems(dev, p, [_res(registers=64)], True) == []
+    # 72 registers: 3 blocks, below the model's 4
+    (msg,) = resource_problems(dev, p, [_res(registers=72)], True)
+    assert "3 blocks per SM" in msg and "assumed 4" in msg and "registers" in msg
+    assert any("spills 8 B stored" in m for m in resource_problems(dev, p, [_res(spill_store_bytes=8)], True))
+    assert any("verify_gpu_code" in m for m in resource_problems(dev, p, [_res()], False))
