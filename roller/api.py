@@ -78,6 +78,10 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     ``$ROLLER_CACHE``) when this function was built before for the same device and options; it was
     verified when it was built and is not checked again. Otherwise it is built and stored. The report's
     ``cache`` is "hit", "miss" or "off". ``name``, ``shape`` and ``options`` label the report.
+
+    On a GPU device the top-``topk`` plans are compiled offline and checked against its limits, and the
+    chosen schedule's OpenCL twin against numpy (``roller.gpu_build``: a GpuBuildResult; nothing is timed
+    and nothing cached).
     """
     if inputs is not None:  # bad arrays are an error even when the kernel comes from the cache
         from .profile import check_inputs
@@ -103,6 +107,10 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         labels["options"] = dict(options)
     if dtype is not None:
         labels["dtype"] = dtype
+    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
+        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu
+        inputs, reference = check() if expr.flops <= TWIN_FLOP_LIMIT else (None, None)
+        return build_gpu(func, dev, topk, labels, inputs, reference)
 
     def compile_() -> BuildResult:
         inputs, reference = check()
@@ -216,17 +224,11 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
 
     ``options`` set the operator's string options, e.g. ``kind="avg"`` for pool2d or ``layout="nt"`` for
     matmul (InvalidShapeError for an option the operator does not take or a value it does not allow);
-    the report's ``options`` names every option's value. ``cache``: see :func:`build`. On a GPU device the
-    top-``topk`` plans are compiled offline and checked against its limits (``roller.gpu_build``: a
-    GpuBuildResult, nothing timed, not cached).
+    the report's ``options`` names every option's value. ``cache``: see :func:`build`.
     """
     from . import ops
     from .profile import warm_up
 
-    dev = _device(device)
-    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
-        from .gpu_build import build_gpu_op
-        return build_gpu_op(op, shape, dtype, dev, topk, **options)
     spec = ops.get_op(op).with_options(**options)
     full = ops.validate_shape(spec, dict(shape), dtype)
     if not cache:  # the build server imports TVM while this process does the same, on the other core
@@ -237,5 +239,5 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
         inputs = spec.inputs(full, dtype, np.random.default_rng(0))
         return inputs, spec.reference(inputs, full)
 
-    return _build(func, dev, topk, profile, check, progress, spec.name, full, build_budget, cache,
+    return _build(func, device, topk, profile, check, progress, spec.name, full, build_budget, cache,
                   spec.option_values, dtype)

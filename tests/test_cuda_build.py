@@ -92,3 +92,24 @@ def test_resource_problems_by_hand():
     assert "3 blocks per SM" in msg and "assumed 4" in msg and "registers" in msg
     assert any("spills 8 B stored" in m for m in resource_problems(dev, p, [_res(spill_store_bytes=8)], True))
     assert any("verify_gpu_code" in m for m in resource_problems(dev, p, [_res()], False))
+
+
+@pytest.mark.build
+@needs_cuda
+def test_python_build_on_a_gpu_spec():
+    import numpy as np
+
+    import roller
+    from roller import ops
+    a = (np.arange(32 * 40).reshape(32, 40) % 7 / 8).astype("float32")
+    b = (np.arange(40 * 48).reshape(40, 48) % 5 / 4).astype("float32")
+    r = roller.build(ops.matmul(32, 48, 40), device="a100", topk=2, inputs=[a, b], reference=a @ b)
+    assert r.report["timed"] is False and r.build.cubin[:4] == b"\x7fELF"
+    if opencl.missing() is None:
+        assert r.report["verified"] is True
+    bare = roller.build(ops.matmul(32, 48, 40), device="a100", topk=1)
+    assert bare.report["verified"] is None and "no inputs" in bare.report["verified_by"]
+    if opencl.missing() is not None:
+        pytest.skip(f"OpenCL: {opencl.missing()}")
+    with pytest.raises(roller.errors.BuildError, match="OpenCL twin does not match"):  # a wrong reference is caught
+        roller.build(ops.matmul(32, 48, 40), device="a100", topk=1, inputs=[a, b], reference=a @ b + 1)
