@@ -10,6 +10,7 @@ holds a CUDA installation). ``ptxas`` comes from ``nvidia-cuda-nvcc-cu12``.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -41,11 +42,10 @@ def missing() -> str | None:
         for package in ("cuda_runtime", "cuda_cccl", "cuda_nvrtc"):
             _nvidia_dir(package)
         ptxas_path()
-        import cuda.bindings.nvrtc  # noqa: F401  (TVM's NVRTC path imports it)
     except ToolchainError as e:
         return str(e)
-    except ImportError:
-        return f"cuda-bindings is not installed; {INSTALL_HINT}"
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings.nvrtc") is None:
+        return f"cuda-bindings (TVM's NVRTC path) is not installed; {INSTALL_HINT}"
     return None
 
 

@@ -1,10 +1,8 @@
 """Device specs: shipped files, host detection, and clear errors for malformed specs (no TVM)."""
-import copy
-
 import pytest
 import yaml
 
-from policy_exprs import cpu_spec
+from policy_exprs import cpu_spec, spec_error
 from roller.device import device_from_dict, load_device, load_spec_file, parse_size, shipped_specs
 from roller.errors import DeviceSpecError
 
@@ -46,11 +44,7 @@ def test_parse_size():
 
 
 def bad(mutate):
-    spec = copy.deepcopy(cpu_spec())
-    mutate(spec)
-    with pytest.raises(DeviceSpecError) as err:
-        device_from_dict(spec, "bad.yaml")
-    return str(err.value)
+    return spec_error(mutate)
 
 
 @pytest.mark.parametrize("mutate,needles", [

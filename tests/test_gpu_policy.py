@@ -1,11 +1,9 @@
 """The GPU specs and the GPU policy (no GPU, no compiler): limits, occupancy, waves, alignment, bank padding."""
-import copy
-
 import pytest
 import yaml
 
-from roller.device import device_from_dict, load_device, shipped_specs
-from roller.errors import DeviceSpecError
+from policy_exprs import spec_error
+from roller.device import load_device, shipped_specs
 
 GPUS = ("v100", "a100", "h100", "rtx4090")
 ARCH = {"v100": "sm_70", "a100": "sm_80", "h100": "sm_90", "rtx4090": "sm_89"}
@@ -47,16 +45,10 @@ def test_rtx4090_has_fewer_resident_threads():
     assert dev.gpu.max_warps_per_sm(32) == 48
 
 
-def bad_gpu(mutate):
-    spec = copy.deepcopy(gpu_spec())
-    mutate(spec)
-    with pytest.raises(DeviceSpecError) as err:
-        device_from_dict(spec, "gpu.yaml")
-    return str(err.value)
 
 
 @pytest.mark.parametrize("mutate,needles", [
-    (lambda s: s.pop("gpu"), ["gpu.yaml", "gpu", "missing"]),
+    (lambda s: s.pop("gpu"), ["bad.yaml", "gpu", "missing"]),
     (lambda s: s["gpu"].pop("registers_per_sm"), ["gpu.registers_per_sm", "missing"]),
     (lambda s: s["gpu"].update(max_threads_per_block=1000), ["max_threads_per_block", "multiple of the warp"]),
     (lambda s: s["gpu"].update(shared_per_block="lots"), ["gpu.shared_per_block", "'lots'"]),
@@ -70,7 +62,7 @@ def bad_gpu(mutate):
                                            "vector_bytes": 64}), ["gpu", "only a spec of kind gpu"]),
 ])
 def test_malformed_gpu_specs_name_the_field(mutate, needles):
-    msg = bad_gpu(mutate)
+    msg = spec_error(mutate, gpu_spec())
     for n in needles:
         assert n in msg, (n, msg)
 
