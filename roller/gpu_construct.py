@@ -125,8 +125,21 @@ def block_tiles(expr: Expr, device: Device, thread: Mapping[str, int], eps: floa
     per_elem = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     limits = {a.name: thread[a.name] * device.gpu.max_threads_per_block if a.kind != REDUCE else per_elem
               for a in expr.axes}
-    paths = [_grow(expr, rules, start, thread, eps, spatial, fits, limits)]
-    paths += [_grow(expr, rules, start, thread, eps, spatial, fits, limits, a) for a in spatial if len(spatial) > 1]
+    # Growth along the best reuse can stop at a thread count no warp divides (7 x 8 threads over a 7-wide
+    # axis); seeds grown along one spatial axis to a first whole warp give every growth an aligned start.
+    seeds = [start]
+    for a in reversed(spatial):
+        seed = start
+        while seed is not None and not warp_aligned(threads_per_block(expr, thread, seed), device):
+            nxt = _next_aligned(expr.axis(a).extent, seed[a], axis_step(expr, a, rules), thread[a], eps, limits[a],
+                                a in exact)
+            seed = {**seed, a: nxt} if nxt is not None and fits({**seed, a: nxt}, seed) else None
+        if seed is not None and seed not in seeds:
+            seeds.append(seed)
+    paths = []
+    for seed in seeds:
+        paths.append(_grow(expr, rules, seed, thread, eps, spatial, fits, limits))
+        paths += [_grow(expr, rules, seed, thread, eps, spatial, fits, limits, a) for a in spatial if len(spatial) > 1]
     picks: list[dict[str, int]] = []
     for path in paths:
         aligned = [t for t in path if warp_aligned(threads_per_block(expr, thread, t), device)]

@@ -44,8 +44,8 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
 
     _check_program(expr, program)
     if len(program.tiles) != 2 or not program.gpu:
-        raise BuildError(f"{expr.name}: not a GPU plan (levels {list(program.levels)}); construct it for a GPU "
-                         f"device")
+        raise BuildError(f"{expr.name}: device {device.name!r} is of kind 'gpu' but the plan is not a GPU plan "
+                         f"(levels {list(program.levels)}, no block resources); construct it for this device")
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
