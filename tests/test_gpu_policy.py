@@ -232,3 +232,13 @@ def test_thread_tiles_interleave_along_the_innermost_axes():
     assert gpu_rules.interleaved_axes(e, {"n": 2, "h": 2, "w": 2, "k": 4, "r": 1, "s": 1, "c": 1}) == ("h", "w", "k")
     assert gpu_rules.interleaved_axes(e, {"n": 1, "h": 1, "w": 4, "k": 1, "r": 1, "s": 1, "c": 1}) == ("w",)
     assert gpu_rules.interleaved_axes(matmul(64, 64, 64), {"i": 1, "j": 1, "k": 1}) == ()
+
+
+def test_small_operators_spread_over_the_sms(a100):
+    # a 1x1 convolution on 7x7 pixels: growth along the 7-wide axes stopped at 56 threads, no warp divided it;
+    # the warp seeds give blocks of whole warps that still cover every SM
+    e = conv2d_nhwc(1, 7, 7, 960, 160, 1, 1)
+    p = construct(e, a100, topk=1).programs[0]
+    blocks = p.grid["n"] * p.grid["h"] * p.grid["w"] * p.grid["k"]
+    assert p.gpu["threads"] % 32 == 0 and blocks >= a100.units.count, (p.tiles, p.grid)
+    assert p.units == a100.units.count
