@@ -242,3 +242,18 @@ def test_small_operators_spread_over_the_sms(a100):
     blocks = p.grid["n"] * p.grid["h"] * p.grid["w"] * p.grid["k"]
     assert p.gpu["threads"] % 32 == 0 and blocks >= a100.units.count, (p.tiles, p.grid)
     assert p.units == a100.units.count
+
+
+def test_devices_lists_the_gpu_specs(capsys):
+    import json
+
+    from roller.cli import main
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    for name in GPUS:
+        assert f"{name}: NVIDIA" in out
+    assert "GPU limits: 1024 threads per block, 1536 threads and 24 blocks per SM" in out  # the RTX 4090
+    assert "1020 B per thread" in out and "48 KiB per block" in out
+    assert main(["devices", "--json"]) == 0
+    rows = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
+    assert rows["h100"]["gpu"]["shared_per_block_optin"] == 227 * 1024 and "gpu" not in rows["x86-avx512"]
