@@ -83,12 +83,14 @@ def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, ref
     from .codegen import opencl
     from .codegen.cuda import schedule_cuda
 
-    reason = opencl.missing()
+    from .profile import _fill_sentinel
+
+    reason = opencl.missing() or opencl.unsupported(t.dtype for t in expr.tensors)
     if reason:
         return None, f"not checked: {reason}"
     twin = opencl.opencl_program(schedule_cuda(func, expr, program, device).mod)
     names = [str(p.name) for p in func.params]
-    out = np.full(reference.shape, np.nan, reference.dtype)
+    out = _fill_sentinel(np.empty(reference.shape, reference.dtype))
     got = opencl.run(twin, dict(zip(names, list(inputs) + [out])), (names[-1],))[names[-1]]
     ok = bool(np.allclose(got, reference, rtol=1e-4, atol=1e-4))
     return ok, "the OpenCL twin of the same schedule on this CPU (PoCL), against numpy"

@@ -113,3 +113,17 @@ def test_python_build_on_a_gpu_spec():
         pytest.skip(f"OpenCL: {opencl.missing()}")
     with pytest.raises(roller.errors.BuildError, match="OpenCL twin does not match"):  # a wrong reference is caught
         roller.build(ops.matmul(32, 48, 40), device="a100", topk=1, inputs=[a, b], reference=a @ b + 1)
+
+
+@pytest.mark.build
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_other_dtypes_build_and_say_how_they_were_checked(dtype):
+    from roller import api
+    r = api.build_op("matmul", {"M": 64, "N": 64, "K": 64}, dtype, device="a100", topk=2)
+    assert r.build.cubin[:4] == b"\x7fELF" and r.report["out_dtype"] == ("int32" if dtype == "int8" else dtype)
+    reason = opencl.missing() or opencl.unsupported([dtype, r.report["out_dtype"]])
+    if reason:
+        assert r.report["verified"] is None and reason in r.report["verified_by"]
+    else:
+        assert r.report["verified"] is True

@@ -52,6 +52,20 @@ def missing() -> str | None:
     return None
 
 
+# dtype -> the OpenCL extension a kernel using it needs
+DTYPE_EXTENSIONS = {"float16": "cl_khr_fp16", "float64": "cl_khr_fp64"}
+
+
+def unsupported(dtypes) -> str | None:
+    """Why the OpenCL device cannot run kernels over these dtypes (one line), or None."""
+    import pyopencl as cl
+
+    device = next(d for p in cl.get_platforms() for d in p.get_devices())
+    lacking = sorted(DTYPE_EXTENSIONS[d] for d in set(map(str, dtypes)) if d in DTYPE_EXTENSIONS
+                     and DTYPE_EXTENSIONS[d] not in device.extensions)
+    return f"the OpenCL device {device.name} lacks {', '.join(lacking)}" if lacking else None
+
+
 def run(program: OpenCLProgram, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Runs the kernels of ``program`` in order on the first OpenCL device, on ``arrays`` (every buffer a
     kernel takes, by name: inputs with data, outputs with their shape), and returns the ``outputs``."""
