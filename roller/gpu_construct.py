@@ -10,9 +10,13 @@ only when too few exist), over the GPU's level rules (``roller.gpu_rules``):
 - block tile: a whole number of thread tiles, contiguous extents in whole sectors, grown by the reuse of
   data loaded from global memory, within the block's shared memory and thread limit, never leaving fewer
   blocks than SMs when it had at least that many (scale-out; growing to a first whole warp is always
-  allowed); kept only with a whole number of warps;
-  the reduction step (the shared-memory fill) is then offered at a few lengths, which the model weighs
-  (a longer step fewer barriers, more shared memory, fewer resident blocks).
+  allowed); kept only with a whole number of warps (growths also start from seeds grown along one axis to
+  a first whole warp); the reduction step (the shared-memory fill) is then offered at a few lengths, which
+  the model weighs (a longer step fewer barriers, more shared memory, fewer resident blocks).
+
+It reuses the CPU's rTile arithmetic (footprint, traffic, next aligned size, reuse score), its ranking and
+its epsilon loop (``construct.construct`` calls ``enumerate_programs`` here for a GPU); the growth loop is
+its own: a GPU level's limits (threads, warps) are not the CPU's capacity-only ones.
 """
 from __future__ import annotations
 
