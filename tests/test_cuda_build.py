@@ -81,7 +81,7 @@ def _res(**kw):
 def test_resource_problems_by_hand():
     from roller.rprogram import RProgram
     dev = load_device("a100", calibrated=False)
-    p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={}, units=1, waves=1,
+    p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 8}, units=108, waves=2,
                  gpu={"threads": 256, "blocks_per_sm": 4})
     # 256 threads x 32 registers and 8 KiB: 8 blocks fit, the model assumed 4: fine
     assert resource_problems(dev, p, [_res()], True) == []
@@ -90,6 +90,10 @@ def test_resource_problems_by_hand():
     # 72 registers: 3 blocks, below the model's 4
     (msg,) = resource_problems(dev, p, [_res(registers=72)], True)
     assert "3 blocks per SM" in msg and "assumed 4" in msg and "registers" in msg
+    # an SM that gets 2 blocks runs both at once with 3 blocks' room as with 4: the model's count holds
+    few = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 2}, units=108, waves=1,
+                   gpu={"threads": 256, "blocks_per_sm": 4})
+    assert resource_problems(dev, few, [_res(registers=72)], True) == []
     assert any("spills 8 B stored" in m for m in resource_problems(dev, p, [_res(spill_store_bytes=8)], True))
     assert any("verify_gpu_code" in m for m in resource_problems(dev, p, [_res()], False))
 
@@ -127,3 +131,33 @@ def test_other_dtypes_build_and_say_how_they_were_checked(dtype):
         assert r.report["verified"] is None and reason in r.report["verified_by"]
     else:
         assert r.report["verified"] is True
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_gpu_suite_script_without_a_gpu_predicts_and_exits_0():
+    import os
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS.parent))
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "gpu_suite.py"), "--cases", "^(matmul_1000|rowsum_4096x7)$"],
+                          capture_output=True, text=True, env=env, cwd=SCRIPTS)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "NO GPU on this machine: predictions only, nothing is measured" in lines[0]
+    rows = [ln for ln in lines if ln.startswith(("matmul_1000", "rowsum_4096x7"))]
+    assert len(rows) == 2 and all(ln.split()[-2:] == ["-", "-"] for ln in rows)  # nothing measured
+
+
+@pytest.mark.build
+@needs_cuda
+def test_dlight_comparison_script():
+    import os
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS.parent))
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "gpu_matmul_vs_dlight.py"), "--shape", "256,256,256",
+                           "--topk", "2"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    roller_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("roller"))
+    dlight_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("dlight"))
+    for line in (roller_line, dlight_line):
+        assert "ptxas:" in line and "registers" in line and "of peak" in line
+    assert "thread tile 4x4, block tile 32x64x16" in dlight_line  # dlight's CUDA config for matmul

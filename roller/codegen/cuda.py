@@ -190,7 +190,8 @@ def gpu_limits(device: Device) -> dict[str, int]:
 def resource_problems(device: Device, program: RProgram, resources, verified: bool) -> list[str]:
     """Why the compiled kernels break the device's limits or the model's assumptions, one line each:
     TVM's GPU code check, registers over the per-thread limit, spills, and an occupancy (with ptxas's
-    registers and shared memory) below the blocks per SM the model assumed."""
+    registers and shared memory) that runs fewer blocks of this kernel on an SM at once than the model
+    counted (an SM never runs more than the blocks it gets)."""
     from ..gpu_rules import occupancy
 
     out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {gpu_limits(device)}"]
@@ -201,11 +202,13 @@ def resource_problems(device: Device, program: RProgram, resources, verified: bo
             out.append(f"{r.kernel}: spills {r.spill_store_bytes} B stored / {r.spill_load_bytes} B loaded")
     main = max(resources, key=lambda r: (r.registers, r.shared_bytes)) if resources else None
     if main is not None and program.gpu:
+        # the model counts the blocks an SM runs at once, at most the blocks it gets (roller.gpu_model)
         occ = occupancy(device, program.gpu["threads"], main.registers, main.shared_bytes)
-        if occ.blocks_per_sm < program.gpu["blocks_per_sm"]:
+        per_sm = math.ceil(math.prod(program.grid.values()) / device.units.count)
+        if occ.blocks_per_sm == 0 or min(occ.blocks_per_sm, per_sm) < min(program.gpu["blocks_per_sm"], per_sm):
             out.append(f"{main.kernel}: {occ.blocks_per_sm} blocks per SM with {main.registers} registers and "
                        f"{main.shared_bytes} B shared (limited by {occ.limited_by}); the model assumed "
-                       f"{program.gpu['blocks_per_sm']}")
+                       f"{program.gpu['blocks_per_sm']} (of the {per_sm} each SM gets)")
     return out
 
 
