@@ -247,6 +247,18 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
     return out
 
 
+# The module that builds plans for each device kind: each has vector_candidates(expr) and
+# enumerate_programs(expr, device, epsilon, axes); construct() runs the same epsilon loop and ranking over them.
+CONSTRUCTION_MODULES = {"cpu": __name__, "gpu": "roller.gpu_construct"}
+
+
+def construction_rules(device: Device):
+    """The construction rules (a module, see CONSTRUCTION_MODULES) of ``device``'s kind."""
+    import importlib
+
+    return importlib.import_module(CONSTRUCTION_MODULES[device.kind])
+
+
 def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than topk plans
     exist, or while some vector-axis candidate has none yet (its aligned tiles may need a little padding
@@ -256,12 +268,13 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     if not device.private_levels:
         raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
     t0 = time.perf_counter()
+    kind = construction_rules(device)
     best: list[RProgram] = []
-    pending = set(vector_candidates(expr))
+    pending = set(kind.vector_candidates(expr))
     eps = EPSILON_STEPS[0]
     for eps in EPSILON_STEPS:
         axes = None if len(best) < topk else tuple(sorted(pending))
-        progs = enumerate_programs(expr, device, eps, axes)
+        progs = kind.enumerate_programs(expr, device, eps, axes)
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
         pending -= {p.vector_axis for p in progs}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class RProgram:
     footprint_bytes: Mapping[str, int] = field(default_factory=dict)   # level -> bytes one tile holds
     traffic_bytes: Mapping[str, int] = field(default_factory=dict)     # level -> bytes moved into it, whole op
     epsilon: float = 0.0
+    # a GPU plan's block as the model sees it (roller.gpu_construct): threads, registers per thread (the
+    # model's estimate), shared_bytes, blocks_per_sm, warps_per_sm, limited_by, reduction_steps, and
+    # copy_lanes (input -> elements per load of its cooperative copy into shared memory); empty on a CPU
+    gpu: Mapping[str, Any] = field(default_factory=dict)
 
     def tile(self, level: str) -> Mapping[str, int]:
         return self.tiles[self.levels.index(level)]
@@ -72,7 +76,7 @@ class RProgram:
         return None
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "levels": list(self.levels),
             "tiles": {lv: dict(t) for lv, t in zip(self.levels, self.tiles)},
             "grid": dict(self.grid), "units": self.units, "waves": self.waves,
@@ -83,6 +87,9 @@ class RProgram:
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
         }
+        if self.gpu:
+            d["gpu"] = dict(self.gpu)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RProgram":
@@ -97,7 +104,8 @@ class RProgram:
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),
-            traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)))
+            traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)),
+            gpu=dict(d.get("gpu", {})))
 
     def describe(self) -> str:
         """One line per level, e.g. ``L1: m=32 n=64 k=128``."""
