@@ -8,8 +8,10 @@ alone). Each function goes down a chain of rules, each ``apply(func, device) -> 
 1. ``RollerRule``: a function whose main block roller's analysis accepts (one reduction such as a
    convolution, a matmul, a pool or a mean, with its padding stage and its elementwise epilogues; or one
    elementwise block) is planned by roller's constructor (the model's top-1 plan, or the top-K profiled)
-   and scheduled by roller's code generator.
-2. TVM's dlight CPU rules (``GEMV``, ``Reduction``: softmax, layer norm, RMS norm) where they apply.
+   and scheduled by roller's code generator; a function of several reductions run row by row (softmax,
+   layer norm, RMS norm, a mean and what follows it) keeps its blocks and gets a row plan
+   (:mod:`roller.rows`, :mod:`roller.codegen.rows`).
+2. TVM's dlight CPU rules (``GEMV``, ``Reduction``) where they apply.
 3. ``GenericRule``: every block's leading spatial loops fused and parallel, the innermost loop of an
    injective block vectorized (transposes, reshapes with a copy, broadcasts, what else is left).
 
@@ -95,7 +97,9 @@ class RollerRule(Rule):
     """roller's analysis, constructor and code generator (:mod:`roller.analysis`, :mod:`roller.construct`,
     :mod:`roller.codegen`). Without ``profile`` the model's first plan is used (milliseconds to a second
     per function, nothing built); with it the top-``topk`` plans are built, checked against TVM's
-    unscheduled build and timed in worker processes (:func:`roller.api.build`), and the fastest is used."""
+    unscheduled build and timed in worker processes (:func:`roller.api.build`), and the fastest is used.
+    A function the one-block analysis declines is tried as a row-wise function (several reductions);
+    its row plan has no alternatives to profile."""
 
     name = "roller"
 
@@ -113,7 +117,7 @@ class RollerRule(Rule):
         try:
             expr, norm = analyze(func)
         except RollerError as e:
-            return None, str(e)
+            return self._attempt_rows(func, device, str(e))
         try:
             if self.profile:
                 program = build(norm.with_attr("global_symbol", "main"), device, topk=self.topk, profile=True,
@@ -127,6 +131,29 @@ class RollerRule(Rule):
         self.plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                      "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
                      "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
+        self.notes = tuple(notes)
+        return sch, ""
+
+    def _attempt_rows(self, func, device: Device, why_not_one: str):
+        """A function with several reductions run row by row (:mod:`roller.rows`); declined with both
+        analyses' reasons when it is not one."""
+        from .analysis import analyze_rows
+        from .codegen.rows import schedule_rows
+        from .rows import plan_rows
+
+        try:
+            fn, norm = analyze_rows(func)
+        except RollerError as e:
+            return None, f"{why_not_one}; as a row-wise function: {e}"
+        plan = plan_rows(fn, device)
+        notes: list[str] = []
+        try:
+            sch = schedule_rows(norm, plan, notes)
+        except _schedule_errors() as e:
+            return None, f"row-wise plan not scheduled: {_first_line(e)}"
+        self.plan = {"expr": fn.name, "rows": fn.rows, "cols": fn.cols, **plan.to_dict(),
+                     "blocks_exprs": {b.name: {"kind": b.kind, "axes": {a.name: a.extent for a in b.expr.axes},
+                                               "flops_per_point": b.expr.flops_per_point} for b in fn.blocks}}
         self.notes = tuple(notes)
         return sch, ""
 
