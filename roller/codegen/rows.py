@@ -69,11 +69,25 @@ def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
 
 def _vector_partial_sums(sch, block, inner, lanes: int, name: str) -> None:
     """The rf block's lanes go innermost and are vectorized; its init goes above the columns' loop."""
-    # compute_at made the loops under the row in the rf block's iter var order: the lanes (spatial),
-    # unit row loops, the columns' vectors (reduce); at root the split left them the other way round
-    lane, red = (inner[0], inner[-1]) if int(sch.get(inner[0]).extent) == lanes else (inner[-1], inner[0])
-    if int(sch.get(lane).extent) != lanes:
-        raise BuildError(f"{name}: no loop of {lanes} lanes among the partial sums' {len(inner)} loops")
+    from tvm import tirx
+    from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+
+    # the lanes: the loop bound to the rf block's spatial iter var of extent ``lanes`` (compute_at
+    # made the loops in iter var order, the split at root the other way round); the columns' vectors:
+    # the loop bound to its reduce iter var
+    stmt, values = sch.get(block), get_sblockrealize(sch, block).iter_values
+    lane = red = None
+    for lp in inner:
+        var = sch.get(lp).loop_var
+        for iv, val in zip(stmt.iter_vars, values):
+            if isinstance(val, tirx.Var) and val.same_as(var):
+                if iv.iter_type == tirx.IterVar.CommReduce:
+                    red = lp
+                elif int(iv.dom.extent) == lanes:
+                    lane = lp
+    if lane is None or red is None:
+        raise BuildError(f"{name}: no loop of {lanes} lanes and one of vectors among the partial sums' "
+                         f"{len(inner)} loops")
     sch.reorder(red, lane)
     sch.vectorize(lane)
     sch.decompose_reduction(block, red)
