@@ -536,3 +536,38 @@ def test_row_wise_rule_declines_other_functions_with_reasons(device):
     out = te.compute((8, 16, 4), lambda i, n, j: a[i, n, j] - s[i, j] * m[i, j], name="out")
     sch, why = RollerRule().attempt(te.create_prim_func([a, out]), device)
     assert sch is None and "as a row-wise function" in why, why
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch: torch.export -> Relax -> roller (skipped where torch is not importable: CI does not install it)
+
+def test_torch_export_path(device):
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional: the torch.export path)")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    class Net(torch.nn.Module):
+        """conv + ReLU, global pool, layer norm, linear, softmax: convs, row-wise and matmul functions."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.conv(x)).mean((2, 3))
+            return torch.softmax(self.fc(self.norm(h)), -1)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        want = net(x).numpy()
+        mod = from_exported_program(torch.export.export(net, (x,)))
+    cm = roller.compile_model(mod, device, name="torch_net")
+    (got,) = cm.run({name: x.numpy() for name in cm.inputs})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    by = _scheduled_by(cm)
+    assert "none" not in by.values()
+    assert any("conv2d" in n and r == "roller" for n, r in by.items()), by
+    assert any("softmax" in n and r == "roller" for n, r in by.items()), by
