@@ -247,6 +247,14 @@ def _case_mean_then_normalize(rng):
     return model, {"x": x}, _layer_norm_ref(x, 1.0, 0.0), "mean_subtract", "roller"
 
 
+def _case_relu6(rng):
+    # MobileNetV2's activation: Clip with constant bounds, which the frontend folds with numpy
+    x = rng.normal(size=(1, 8, 6, 6)) * 5
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])]
+    return _graph(nodes, {"x": x.shape}, x.shape, [("lo", np.array(0.0)), ("hi", np.array(6.0))]), {"x": x}, \
+        np.clip(x, 0, 6), "minimum", "roller"
+
+
 def _case_reduce_mean(rng):
     x = rng.normal(size=(1, 16, 7, 7))
     return _graph([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": x.shape}, (1, 16, 1, 1)), {"x": x}, \
@@ -287,7 +295,7 @@ def _case_reshape_transpose(rng):
 
 CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _softmax_case((2, 6, 20)),
          _softmax_case((1, 3, 7, 77)), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
-         _case_rms_norm, _case_mean_then_normalize, _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
+         _case_rms_norm, _case_mean_then_normalize, _case_relu6, _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__[6:] for c in CASES])
