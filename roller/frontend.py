@@ -27,6 +27,7 @@ import numpy as np
 
 from .device import Device, load_device
 from .errors import ModelError
+from .relax import PROFILE_BUDGET_SECONDS
 from .timing import time_alternately
 
 # Model outputs against onnxruntime: np.allclose(ours, theirs, rtol, atol) per output, by dtype. Looser
@@ -318,7 +319,8 @@ def build_module(mod, target):
 
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
                   profile: bool = False, topk: int = 10, name: str | None = None,
-                  layout: str = "NHWC", fast_math: bool = True, verify: bool = False) -> CompiledModel:
+                  layout: str = "NHWC", fast_math: bool = True, verify: bool = False,
+                  profile_budget: float | None = PROFILE_BUDGET_SECONDS) -> CompiledModel:
     """Compiles a whole model for ``device`` (default: this machine).
 
     ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
@@ -327,7 +329,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     the frontend's NCHW: strided NCHW convolutions gather along the vector axis); ``fast_math`` uses
     TVM's approximations of erf, exp, tanh and softmax (see :func:`legalize_and_fuse`). Every fused function
     is scheduled by :class:`roller.relax.ScheduleModule`; with ``profile`` roller's functions use the best
-    of the top-``topk`` plans, timed, instead of the model's first plan; with ``verify`` each scheduled
+    of their top-``topk`` plans, timed, instead of the model's first plan, the largest predicted share of
+    the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
     function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
     """
     import tvm
@@ -353,7 +356,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     mod = legalize_and_fuse(mod, target, layout, fast_math)
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
-    sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify)
+    sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget)
     mod = sched(mod)
     seconds["schedule"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -579,3 +579,37 @@ def test_torch_export_path(device):
     assert "none" not in by.values()
     assert any("conv2d" in n and r == "roller" for n, r in by.items()), by
     assert any("softmax" in n and r == "roller" for n, r in by.items()), by
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling a whole model: which functions, within a budget
+
+def test_profiling_goes_by_predicted_share_within_budget(device):
+    from roller.relax import MIN_PROFILE_SHARE
+
+    model = onnx_models.small_cnn(size=16)
+    cm = roller.compile_model(model, device, profile=True, topk=3, profile_budget=None)
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    mine = [r for r in cm.report if r.scheduled_by == "roller"]
+    assert mine and all(r.profiled for r in mine), [(r.name, r.profiled) for r in mine]
+    assert any(r.profiled.startswith("top-") for r in mine), [(r.name, r.profiled) for r in mine]
+    for r in mine:
+        if "of the model's predicted time" in r.profiled:
+            share = float(r.profiled.split("not profiled: ")[1].split("%")[0]) / 100
+            assert share < MIN_PROFILE_SHARE, r.profiled
+    # no time at all: every function keeps the model's first plan, and says why
+    cm0 = roller.compile_model(model, device, profile=True, topk=3, profile_budget=0.0)
+    mine0 = [r for r in cm0.report if r.scheduled_by == "roller"]
+    assert any("budget" in r.profiled for r in mine0) and not any(r.profiled.startswith("top-") for r in mine0)
+    assert frontend.check_against_onnxruntime(cm0, model, time_it=False)["matches"]
+
+
+def test_call_counts(device):
+    from roller.relax import call_counts
+
+    model = onnx_models.transformer_encoder(2)
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
+                                     roller.tvmutil.target_for(device))
+    counts = call_counts(mod)
+    assert counts["layer_norm"] == 4, counts  # two per layer, one function
+    assert counts["fast_softmax"] == 2, counts
