@@ -13,7 +13,8 @@ compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), late
 alternately with onnxruntime in this process after a pause each, scripts/benchutil.time_alternately),
 onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
 module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
-eager running the same graph node by node (scripts/torch_eager.py; where torch is importable), and every
+eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
+faster of one thread and the device's cores), and every
 output checked against onnxruntime (rtol = atol = 1e-3 for float32). Prints a Markdown table and writes
 it with a JSON file to ``--out`` (default build/bench_models/).
 """
@@ -107,12 +108,16 @@ def bench(name: str, proto, args) -> dict:
     torch_run = None if args.no_torch else _torch_runner(proto, dev.units.count)
     if torch_run is not None:
         row["torch_matches"] = frontend.compare(torch_run(feeds), reference)["matches"]
-        impls.append(("torch", torch_run.timed(feeds)))
+        # PyTorch on the device's cores and on one: on a loaded 2-core machine its OpenMP threads wait
+        # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
+        impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, dev.units.count})]
     times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
     if torch_run is not None:
-        row["torch_latency_seconds"] = times["torch"]
+        row["torch_threads"] = min((k for k in times if k.startswith("torch_")), key=times.get)[len("torch_"):]
+        row["torch_latency_seconds"] = times["torch_" + row["torch_threads"]]
+        row["torch_latency_by_threads"] = {k[len("torch_"):]: v for k, v in times.items() if k.startswith("torch_")}
     if args.profile:
         row["profiled_latency_seconds"] = times["roller_profiled"]
     if args.tvm_runs > 0:
@@ -128,7 +133,7 @@ def _ms(s):
 
 
 def table(rows) -> str:
-    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | PyTorch eager ms "
+    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | PyTorch eager ms (threads) "
             "| roller top-10: compile s, ms | TVM default: compile s, ms | max abs err | matches | functions (by rule) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -137,7 +142,7 @@ def table(rows) -> str:
         tvm = (f"{r['tvm_compile_seconds']:.1f}, {_ms(r['tvm_latency_seconds'])}"
                + ("" if r.get("tvm_matches", True) else " (WRONG)") if "tvm_compile_seconds" in r else "-")
         rules = ", ".join(f"{k} {v}" for k, v in sorted(r["by_rule"].items()))
-        torch = (_ms(r["torch_latency_seconds"]) + ("" if r["torch_matches"] else " (WRONG)")
+        torch = (f"{_ms(r['torch_latency_seconds'])} ({r['torch_threads']}t)" + ("" if r["torch_matches"] else " (WRONG)")
                  if "torch_latency_seconds" in r else "-")
         lines.append(f"| {r['model']} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
                      f"{_ms(r['onnxruntime_latency_seconds'])} | "
@@ -148,7 +153,7 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet50,bert,cnn,block", help="comma-separated: " + ",".join(_models()))
+    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(_models()))
     p.add_argument("--device", default=None)
     p.add_argument("--profile", action="store_true", help="also compile with top-K profiling (minutes)")
     p.add_argument("--topk", type=int, default=10)

@@ -65,13 +65,12 @@ OPS = {
 
 def torch_runner(proto, threads: int):
     """A callable ``run(feeds: dict name -> numpy) -> list of numpy outputs`` running ``proto`` with
-    PyTorch eager on ``threads`` threads, and a ``timed(feeds)`` factory of a no-argument callable that
-    runs it on inputs already converted (for timing)."""
+    PyTorch eager on ``threads`` threads, and a ``timed(feeds, threads=threads)`` factory of a no-argument
+    callable that runs it on inputs already converted (for timing), on that many threads."""
     import torch
     import torch.nn.functional as F
     from onnx import numpy_helper
 
-    torch.set_num_threads(threads)
     consts = {i.name: torch.from_numpy(np.array(numpy_helper.to_array(i))) for i in proto.graph.initializer}
     nodes = list(proto.graph.node)
     missing = sorted({n.op_type for n in nodes} - set(OPS))
@@ -89,10 +88,11 @@ def torch_runner(proto, threads: int):
                 env[name] = value
         return [env[o] for o in outputs]
 
-    def timed(feeds):
+    def timed(feeds, threads: int = threads):
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
 
         def run():
+            torch.set_num_threads(threads)  # per call: two runners may time different counts in turn
             with torch.inference_mode():
                 return forward(tensors)
         return run
