@@ -80,7 +80,7 @@ class CompiledModel:
         import tvm
 
         vm, dev = self.vm(), tvm.cpu()
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.inputs]
+        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.inputs]
         main = vm["main"]
         return lambda: main(*args)
 
@@ -283,7 +283,7 @@ def _layout_folder():
                 if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
                     return call
                 out = data.reshape([int(d) for d in dims])
-            return relax.const(np.ascontiguousarray(out), str(data.dtype))
+            return relax.const(np.asarray(out, order="C"), str(data.dtype))
 
     return _Fold
 

@@ -89,7 +89,7 @@ def torch_runner(proto, threads: int):
         return [env[o] for o in outputs]
 
     def timed(feeds, threads: int = threads):
-        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        tensors = {k: torch.from_numpy(np.asarray(v, order="C")) for k, v in feeds.items()}
 
         def run():
             torch.set_num_threads(threads)  # per call: two runners may time different counts in turn

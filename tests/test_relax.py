@@ -613,3 +613,19 @@ def test_call_counts(device):
     counts = call_counts(mod)
     assert counts["layer_norm"] == 4, counts  # two per layer, one function
     assert counts["fast_softmax"] == 2, counts
+
+
+def test_profiling_a_function_with_a_scalar_tensor_parameter(device):
+    """ReLU6's bounds reach the fused function as 0-d tensors: profiling passes them as 0-d arrays."""
+    from tvm import te
+
+    a = te.placeholder((4, 64), name="a")
+    lo = te.placeholder((), name="lo")
+    out = te.compute((4, 64), lambda i, j: te.max(a[i, j], lo()), name="out")
+    x = np.random.default_rng(5).normal(size=(4, 64)).astype(np.float32)
+    bound = np.array(0.25, np.float32)
+    res = roller.build(te.create_prim_func([a, lo, out]), device, topk=2, inputs=[x, bound], cache=False)
+    import tvm
+    y = tvm.runtime.empty((4, 64), "float32", tvm.cpu())
+    res.module["main"](tvm.runtime.tensor(x, tvm.cpu()), tvm.runtime.tensor(bound, tvm.cpu()), y)
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x, bound))
