@@ -357,8 +357,9 @@ class ScheduleModule:
 
     def _profile(self, mod, originals: dict) -> None:
         """Re-schedules roller's functions with their profiled plans, the largest share of the model's
-        predicted time first, within ``profile_budget`` seconds (see PROFILE_BUDGET_SECONDS); each
-        report's ``profiled`` says what happened."""
+        predicted time first, while less than ``profile_budget`` seconds are spent (the function being
+        profiled then finishes; see PROFILE_BUDGET_SECONDS); each report's ``profiled`` says what
+        happened."""
         counts = call_counts(mod)
         by_name = {gv.name_hint: gv for gv in originals}
         share = {r.name: (r.plan or {}).get("predicted_seconds", 0.0) * counts.get(r.name, 1)
@@ -392,7 +393,10 @@ class ScheduleModule:
                 if r.name == name or r.reused == name:
                     mod[by_name[r.name]] = scheduled
                     if r.reused == name:
-                        r.plan, r.profiled = rule.plan, f"as {name}"
+                        r.plan = rule.plan
+        for r in self.report:
+            if r.reused in share:
+                r.profiled = f"as {r.reused}"
 
     def summary(self) -> dict[str, int]:
         """How many functions each rule scheduled."""

@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import roller  # noqa: E402
-from roller import cli, frontend  # noqa: E402
+from roller import cli, frontend, tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
 from roller.relax import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
@@ -157,6 +157,11 @@ def test_identical_functions_are_scheduled_once(device):
     assert rep[name].scheduled_by == "roller" and rep[name].reused is None
     assert rep["zz_copy"].reused == name and rep["zz_copy"].scheduled_by == "roller"
     import tvm_ffi
+    assert tvm_ffi.structural_equal(out[name], out["zz_copy"])
+    profiled = ScheduleModule(device, profile=True, topk=2)
+    out = profiled(mod)
+    rep = {r.name: r for r in profiled.report}
+    assert rep[name].profiled and rep["zz_copy"].profiled == f"as {name}", rep
     assert tvm_ffi.structural_equal(out[name], out["zz_copy"])
 
 
@@ -587,7 +592,7 @@ def test_torch_export_path(device):
 def test_profiling_goes_by_predicted_share_within_budget(device):
     from roller.relax import MIN_PROFILE_SHARE
 
-    model = onnx_models.small_cnn(size=16)
+    model = onnx_models.transformer_encoder(2)  # functions called twice, identical ones reused
     cm = roller.compile_model(model, device, profile=True, topk=3, profile_budget=None)
     assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
     mine = [r for r in cm.report if r.scheduled_by == "roller"]
