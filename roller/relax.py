@@ -165,9 +165,9 @@ class RollerRule(Rule):
         sch, why = self._schedule(norm, expr, result.program, device)
         if sch is None:
             return None, f"profiled plan not scheduled: {why}"
-        base = f"{measured[0] * 1e6:.1f} us" if measured[0] else "failed"
+        base = f"{measured[0] * 1e6:.3g} us" if measured[0] else "failed"
         return sch, (f"top-{k} profiled ({result.report.get('cache', 'off')}): plan {chosen} "
-                     f"{measured[chosen] * 1e6:.1f} us, first plan {base}")
+                     f"{measured[chosen] * 1e6:.3g} us, first plan {base}")
 
     def _attempt_rows(self, func, device: Device, why_not_one: str):
         """A function with several reductions run row by row (:mod:`roller.rows`); declined with both
