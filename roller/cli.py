@@ -14,6 +14,7 @@ import warnings
 
 from .errors import RollerError
 from .profile import BUILD_BUDGET_SECONDS, SKIPPED
+from .relax import PROFILE_BUDGET_SECONDS
 
 EXIT_ERROR = 2
 
@@ -158,7 +159,8 @@ def cmd_compile(args) -> int:
     if args.out:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
-                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify)
+                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify,
+                                profile_budget=args.profile_budget or None)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -180,7 +182,8 @@ def _print_compile(r: dict) -> None:
     for f in r["functions"]:
         why = f" [{f['reason'][:100]}]" if f["scheduled_by"] != "roller" and f["reason"] else ""
         same = f" (same as {f['reused']})" if f["reused"] else ""
-        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}")
+        prof = f" [{f['profiled']}]" if f.get("profiled") else ""
+        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}{prof}")
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
@@ -390,6 +393,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-profile", action="store_true",
                    help="use the model's first plan per function (default: profile the top --topk)")
     c.add_argument("--topk", type=int, default=10, help="plans profiled per roller function (default 10)")
+    c.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_SECONDS, metavar="SECONDS",
+                   help="profile functions, largest predicted share of the model first, until SECONDS are "
+                        f"spent (default {PROFILE_BUDGET_SECONDS:g}; 0: no limit)")
     c.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
                    help="convolutions' activation layout (default NHWC; NCHW keeps the model's)")
     c.add_argument("--exact-math", action="store_true",

@@ -409,7 +409,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
 
     try:
         dev = tvm.cpu(0)
-        args_in = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+        args_in = [tvm.runtime.tensor(np.asarray(a, order="C"), dev) for a in inputs]
         out_np = np.empty(out_shape, dtype=out_dtype)
         out_tvm = tvm.runtime.tensor(_fill_sentinel(out_np), dev)
         if reference is None:
