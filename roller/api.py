@@ -80,6 +80,10 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     ``$ROLLER_CACHE``) when this function was built before for the same device and options; it was
     verified when it was built and is not checked again. Otherwise it is built and stored. The report's
     ``cache`` is "hit", "miss" or "off". ``name``, ``shape`` and ``options`` label the report.
+
+    On a GPU device the top-``topk`` plans are compiled offline and checked against its limits, and the
+    chosen schedule's OpenCL twin against numpy (``roller.gpu_build``: a GpuBuildResult; nothing is timed
+    and nothing cached).
     """
     if inputs is not None:  # bad arrays are an error even when the kernel comes from the cache
         from .profile import check_inputs
@@ -179,6 +183,10 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
+    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
+        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu
+        inputs, reference = check() if expr.flops <= TWIN_FLOP_LIMIT else (None, None)
+        return build_gpu(func, dev, topk, labels, inputs, reference)
     key = None
 
     def compile_() -> BuildResult:
@@ -261,6 +269,7 @@ def _candidate_report(p: RProgram, c) -> dict:
         "error": c.error,
         "notes": list(c.notes),
         "vector_axis": p.vector_axis, "padded": list(p.padded), "predicated": list(p.predicated),
+        "inlined": list(p.inlined),
         "footprint_bytes": dict(p.footprint_bytes),
         "traffic_bytes": dict(p.traffic_bytes),
     }

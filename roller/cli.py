@@ -14,6 +14,7 @@ import warnings
 
 from .errors import RollerError
 from .profile import BUILD_BUDGET_SECONDS, SKIPPED
+from .relax import PROFILE_BUDGET_SECONDS
 
 EXIT_ERROR = 2
 
@@ -62,6 +63,35 @@ def _print_build(report: dict, saved: dict | None) -> None:
         print(f"wrote {saved['library']} and {saved['report']}")
 
 
+def _print_gpu_build(report: dict, saved: dict | None) -> None:
+    """A GPU build: the chosen tiles, then per candidate the model's resources beside ptxas's."""
+    chosen = report["candidates"][report["chosen"]]
+    shape = ",".join(f"{k}={v}" for k, v in report["shape"].items())
+    print(f"roller build {report['op']} {shape} {report['dtype']} on {report['device']} ({report['arch']}, "
+          f"compiled offline)")
+    print("chosen rTiles: " + "; ".join(f"{lv} " + " ".join(f"{a}={s}" for a, s in t.items())
+                                        for lv, t in chosen["tiles"].items())
+          + f"; {chosen['model']['threads']} threads a block, grid of "
+          + "x".join(str(g) for g in chosen["grid"].values()) + f" blocks in {chosen['waves']} waves")
+    print(f"predicted {_fmt_seconds(chosen['predicted_seconds'])} ({report['predicted_gflops']:.0f} GFLOP/s, "
+          f"{report['peak_fraction']:.0%} of the spec's peak); ranking: {report['ranking']}")
+    print(f"verified: {'yes' if report['verified'] else 'no' if report['verified'] is False else '-'} "
+          f"({report['verified_by']})")
+    print(f"{'#':>3} {'threads':>7} {'regs model/ptxas':>16} {'spill B':>7} {'smem model/ptxas':>17} "
+          f"{'blocks/SM':>9} {'predicted':>10}  status")
+    for i, c in enumerate(report["candidates"]):
+        m, x = c["model"], c["ptxas"] or {}
+        spill = (x.get("spill_store_bytes", 0) + x.get("spill_load_bytes", 0)) if x else "-"
+        status = ("chosen" if i == report["chosen"] else
+                  "dropped: " + "; ".join(c["problems"] or [c["error"] or ""]) if c["dropped"] else "")
+        print(f"{i:>3} {m['threads']:>7} {m['registers']:>7}/{x.get('registers', '-'):<8} {spill:>7} "
+              f"{m['shared_bytes']:>8}/{x.get('shared_bytes', '-'):<8} {m['blocks_per_sm']:>9} "
+              f"{_fmt_seconds(c['predicted_seconds']):>10}  {status}")
+    print(f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
+    if saved:
+        print("wrote " + ", ".join(saved.values()))
+
+
 def _kernel_request(args) -> dict:
     """build_op's arguments from parsed kernel arguments (see _add_kernel_args), validated: one clear
     error line before anything is built."""
@@ -82,12 +112,18 @@ def cmd_build(args) -> int:
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
     if args.plot:
+        from .device import load_device
         from .plot import check_plot_path
+        if load_device(args.device).kind == "gpu":
+            raise RollerError(f"--plot draws measured candidates; nothing is timed on {args.device} without its GPU: "
+                              f"leave --plot out")
         check_plot_path(args.plot)  # matplotlib and the path too
     result = api.build_op(**request, progress=not args.json and sys.stderr.isatty(), cache=not args.no_cache)
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
+    elif result.report.get("device_kind") == "gpu":
+        _print_gpu_build(result.report, saved)
     else:
         _print_build(result.report, saved)
     if args.plot:
@@ -123,7 +159,8 @@ def cmd_compile(args) -> int:
     if args.out:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
-                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify)
+                                layout=args.layout, fast_math=not args.exact_math, verify=args.verify,
+                                profile_budget=args.profile_budget or None)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -145,7 +182,8 @@ def _print_compile(r: dict) -> None:
     for f in r["functions"]:
         why = f" [{f['reason'][:100]}]" if f["scheduled_by"] != "roller" and f["reason"] else ""
         same = f" (same as {f['reused']})" if f["reused"] else ""
-        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}")
+        prof = f" [{f['profiled']}]" if f.get("profiled") else ""
+        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}{prof}")
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
@@ -180,8 +218,18 @@ def cmd_devices(args) -> int:
         print(f"{d['name']}: {d['description']}")
         print(f"  units: {u['count']}, peak GFLOP/s per unit: {peaks} "
               f"[{'calibrated' if d['calibrated'] else 'datasheet'}]")
+        g = d.get("gpu")
+        if g:
+            print(f"  GPU limits: {g['max_threads_per_block']} threads per block, {g['max_threads_per_sm']} threads and "
+                  f"{g['max_blocks_per_sm']} blocks per SM, {g['registers_per_sm']} registers per SM (at most "
+                  f"{g['max_registers_per_thread']} per thread), shared memory {_fmt_bytes(g['shared_per_block'])} "
+                  f"per block ({_fmt_bytes(g['shared_per_block_optin'])} opt-in), "
+                  f"{_fmt_bytes(g['shared_per_sm'])} per SM; warp {u['warp_threads']}")
+        # a GPU's per-unit levels hold one thread's registers and one block's shared memory
+        holders = iter(("per thread", "per block") if g else ())
         for lv in d["levels"]:
-            print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {'shared' if lv['shared'] else 'per unit'}, "
+            where = "shared" if lv["shared"] else next(holders, "per unit")
+            print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {where}, "
                   f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
         print(f"  source: {d['source']}")
     return 0
@@ -345,6 +393,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-profile", action="store_true",
                    help="use the model's first plan per function (default: profile the top --topk)")
     c.add_argument("--topk", type=int, default=10, help="plans profiled per roller function (default 10)")
+    c.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_SECONDS, metavar="SECONDS",
+                   help="profile functions, largest predicted share of the model first, until SECONDS are "
+                        f"spent (default {PROFILE_BUDGET_SECONDS:g}; 0: no limit)")
     c.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
                    help="convolutions' activation layout (default NHWC; NCHW keeps the model's)")
     c.add_argument("--exact-math", action="store_true",

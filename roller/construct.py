@@ -23,7 +23,7 @@ from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
-from .tails import partial_sums, predicated_axes, tail_options, tiling_extents
+from .tails import inline_options, partial_sums, predicated_axes, tail_options, tiling_extents
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -170,7 +170,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
 
 
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
-             vector_axis: str | None, padded: tuple[str, ...]) -> RProgram:
+             vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = ()) -> RProgram:
     """The plan with every layout choice the generated code depends on (see RProgram)."""
     packed, pads = packing(expr, tiles, device, vector_axis)
     layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
@@ -183,7 +183,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
         units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
         padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
-        layouts=layouts,
+        layouts=layouts, inlined=inlined,
         predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
         footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
@@ -223,7 +223,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
     The vector axis is a choice like the tile sizes: plans are built for every candidate
     (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
     layout (``rtile.layout_expr``), and ranked together."""
-    plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...]]] = []
+    plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...], tuple[str, ...]]] = []
     ests: list[Estimate] = []
     for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
         ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
@@ -231,19 +231,32 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
         if not found or max(estimate(ex, p, device, va).units for p in found) < device.units.count:
             for b in _shrink_bounds(ex, device):
                 found += _plans(ex, device, epsilon, b, va)
-        for tiles in found:  # each way to cover the overhanging axes is a plan of its own
+        for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
             for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
-                plans.append((va, tiles, padded))
-                ests.append(estimate(ex, tiles, device, va, padded))
+                for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
+                    plans.append((va, tiles, padded, inlined))
+                    ests.append(estimate(ex, tiles, device, va, padded, inlined))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
     seen, out = set(), []
     for est, i in ranked:
-        va, tiles, padded = plans[i]
-        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded)
+        va, tiles, padded, inlined = plans[i]
+        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)
     return out
+
+
+# The module that builds plans for each device kind: each has vector_candidates(expr) and
+# enumerate_programs(expr, device, epsilon, axes); construct() runs the same epsilon loop and ranking over them.
+CONSTRUCTION_MODULES = {"cpu": __name__, "gpu": "roller.gpu_construct"}
+
+
+def construction_rules(device: Device):
+    """The construction rules (a module, see CONSTRUCTION_MODULES) of ``device``'s kind."""
+    import importlib
+
+    return importlib.import_module(CONSTRUCTION_MODULES[device.kind])
 
 
 def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
@@ -255,12 +268,13 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     if not device.private_levels:
         raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
     t0 = time.perf_counter()
+    kind = construction_rules(device)
     best: list[RProgram] = []
-    pending = set(vector_candidates(expr))
+    pending = set(kind.vector_candidates(expr))
     eps = EPSILON_STEPS[0]
     for eps in EPSILON_STEPS:
         axes = None if len(best) < topk else tuple(sorted(pending))
-        progs = enumerate_programs(expr, device, eps, axes)
+        progs = kind.enumerate_programs(expr, device, eps, axes)
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
         pending -= {p.vector_axis for p in progs}
@@ -312,8 +326,9 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
         if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(ex, tiles, device, va), levels)):
             continue
         padded = rng.choice(tail_options(ex, tiles, va, compute_lanes(ex, device)))[0]
-        est = estimate(ex, tiles, device, va, padded)
-        prog = _program(ex, tiles, device, epsilon, est, va, padded)
+        inlined = rng.choice(inline_options(ex, tiles, va, compute_lanes(ex, device), padded))
+        est = estimate(ex, tiles, device, va, padded, inlined)
+        prog = _program(ex, tiles, device, epsilon, est, va, padded, inlined)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

@@ -70,6 +70,7 @@ class ComputeUnits:
     warp_threads: int | None = None
     clock_ghz: float | None = None
     accumulators_for_peak: int = 1
+    tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # GPU tensor cores, by input dtype
 
     def lanes(self, dtype: str) -> int:
         """Elements one minimum schedulable unit handles: SIMD lanes on a CPU, warp size on a GPU."""
@@ -88,7 +89,43 @@ class ComputeUnits:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["peak_gflops"] = dict(self.peak_gflops)
+        if self.tensor_peak_gflops:
+            d["tensor_peak_gflops"] = dict(self.tensor_peak_gflops)
+        else:
+            del d["tensor_peak_gflops"]
         return d
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """The per-block and per-SM limits of a GPU (``gpu:`` in its spec; CUDA's compute-capability table).
+
+    They bound a thread block (threads, registers, shared memory) and decide how many blocks one SM holds
+    at once (occupancy: ``roller.gpu_rules.occupancy``). Shared memory is per block up to
+    ``shared_per_block`` statically and ``shared_per_block_optin`` with the dynamic opt-in; per SM the
+    blocks together get ``shared_per_sm``. Registers are allocated per warp in multiples of
+    ``register_allocation_unit``.
+    """
+
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    registers_per_sm: int
+    max_registers_per_thread: int
+    register_allocation_unit: int
+    shared_per_block: int
+    shared_per_block_optin: int
+    shared_per_sm: int
+    l1_and_shared_per_sm: int | None = None
+
+    def max_warps_per_sm(self, warp_threads: int) -> int:
+        return self.max_threads_per_sm // warp_threads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+GPU_LEVELS = ("local", "shared")  # storage scopes of a GPU's per-unit levels: per thread, per block
 
 
 @dataclass(frozen=True)
@@ -108,6 +145,7 @@ class Device:
     source: str = ""
     fingerprint: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False)
+    gpu: GpuLimits | None = None  # a GPU's block and SM limits (kind gpu only)
 
     @property
     def calibrated(self) -> bool:
@@ -128,6 +166,24 @@ class Device:
     @property
     def shared_levels(self) -> tuple[MemoryLevel, ...]:
         return tuple(lv for lv in self.levels if lv.shared)
+
+    def run_efficiency(self, row_bytes: int) -> float:
+        """The share of the bandwidth a stream of rows of ``row_bytes`` gets from the bottom of the memory
+        hierarchy, where rows are strided (a tile taking part of each row of a tensor), from the calibrated
+        small-transfer sweep (``roller calibrate``: rows 256 B apart; 64 B rows gave 42% here, 128 B 81%: the
+        hardware fetches lines in pairs); interpolated, 1 from the sweep's stride on. 1 when not calibrated."""
+        sweep = (self.calibration or {}).get("small_transfer") or {}
+        points = sorted((int(r["bytes"]), float(r["efficiency"])) for r in sweep.get("rows", ())
+                        if r.get("efficiency"))
+        if not points:
+            return 1.0
+        points.append((max(int(sweep.get("stride_bytes", 0)), points[-1][0] + 1), 1.0))
+        if row_bytes <= points[0][0]:
+            return points[0][1]
+        for (b0, e0), (b1, e1) in zip(points, points[1:]):
+            if row_bytes <= b1:
+                return min(1.0, e0 + (e1 - e0) * (row_bytes - b0) / (b1 - b0))
+        return 1.0
 
     def with_calibration(self, calibration: Mapping[str, Any]) -> "Device":
         """A copy whose peaks and bandwidths are replaced by measured ones.
@@ -150,12 +206,15 @@ class Device:
                                    levels=tuple(levels), calibration=dict(calibration))
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "name": self.name, "kind": self.kind, "description": self.description,
             "target": dict(self.target), "units": self.units.to_dict(),
             "levels": [lv.to_dict() for lv in self.levels], "source": self.source,
             "fingerprint": self.fingerprint, "calibrated": self.calibrated,
         }
+        if self.gpu is not None:
+            d["gpu"] = self.gpu.to_dict()
+        return d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +309,7 @@ def parse_size(value: Any) -> int | None:
 def device_from_dict(data: Any, where: str = "<spec>") -> Device:
     """Builds and validates a Device from parsed YAML; errors name ``where`` and the field."""
     top = _Fields(data, where, "")
-    top.unknown({"name", "kind", "description", "target", "units", "levels", "base"})
+    top.unknown({"name", "kind", "description", "target", "units", "levels", "base", "gpu"})
     name = top.get("name", "str")
     kind = top.get("kind", "str")
     if kind not in KINDS:
@@ -261,19 +320,14 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
                               f"got {_show(target.get('kind'))}")
 
     u = top.sub("units")
-    u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz", "accumulators_for_peak"})
-    peaks_f = u.sub("peak_gflops")
-    peaks = {}
-    for dt in peaks_f.data:
-        if dt not in DTYPE_BYTES:
-            raise DeviceSpecError(f"{where}: units.peak_gflops.{dt}: unknown dtype; use one of {', '.join(DTYPE_BYTES)}")
-        peaks[dt] = peaks_f.get(dt, "float")
-    if not peaks:
-        raise u.fail("peak_gflops", "a mapping dtype -> GFLOP/s per unit with at least one entry")
+    u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz", "accumulators_for_peak",
+               "tensor_peak_gflops"})
+    peaks = _peaks(u, "peak_gflops", where)
     units = ComputeUnits(
         count=u.get("count", "int"), peak_gflops=peaks,
         vector_bytes=u.get("vector_bytes", "int", None), warp_threads=u.get("warp_threads", "int", None),
-        clock_ghz=u.get("clock_ghz", "float", None), accumulators_for_peak=u.get("accumulators_for_peak", "int", 1))
+        clock_ghz=u.get("clock_ghz", "float", None), accumulators_for_peak=u.get("accumulators_for_peak", "int", 1),
+        tensor_peak_gflops=_peaks(u, "tensor_peak_gflops", where) if "tensor_peak_gflops" in u.data else {})
     if (units.vector_bytes is None) == (units.warp_threads is None):
         raise DeviceSpecError(f"{where}: units: give exactly one of vector_bytes (CPU SIMD width) "
                               f"or warp_threads (GPU warp size)")
@@ -315,15 +369,83 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
         seen_shared |= lv.shared
     if not levels[-1].shared:
         raise DeviceSpecError(f"{where}: levels: the last level (main memory) must be shared: true")
+    gpu = _gpu_limits(top, kind, units, levels, where)
     return Device(name=name, kind=kind, target=target, units=units, levels=tuple(levels),
-                  description=str(top.data.get("description", "")), source=where)
+                  description=str(top.data.get("description", "")), source=where, gpu=gpu)
+
+
+def _peaks(u: "_Fields", key: str, where: str) -> dict[str, float]:
+    """A mapping dtype -> GFLOP/s per unit (``units.peak_gflops`` / ``units.tensor_peak_gflops``)."""
+    f = u.sub(key)
+    peaks = {}
+    for dt in f.data:
+        if dt not in DTYPE_BYTES:
+            raise DeviceSpecError(f"{where}: units.{key}.{dt}: unknown dtype; use one of {', '.join(DTYPE_BYTES)}")
+        peaks[dt] = f.get(dt, "float")
+    if not peaks:
+        raise u.fail(key, "a mapping dtype -> GFLOP/s per unit with at least one entry")
+    return peaks
+
+
+def _gpu_limits(top: "_Fields", kind: str, units: ComputeUnits, levels: list[MemoryLevel],
+                where: str) -> GpuLimits | None:
+    """The ``gpu:`` section of a GPU spec, checked against the units and levels; None for a CPU."""
+    if kind != "gpu":
+        if "gpu" in top.data:
+            raise DeviceSpecError(f"{where}: gpu: only a spec of kind gpu has GPU limits; remove the section "
+                                  f"or set kind: gpu")
+        return None
+    if units.warp_threads is None:
+        raise DeviceSpecError(f"{where}: units.warp_threads: a GPU spec needs its warp size (32 on NVIDIA)")
+    g = top.sub("gpu")
+    sizes = ("shared_per_block", "shared_per_block_optin", "shared_per_sm", "l1_and_shared_per_sm")
+    g.unknown({f.name for f in dataclasses.fields(GpuLimits)})
+    values: dict[str, int | None] = {}
+    for f in dataclasses.fields(GpuLimits):
+        optional = f.default is None
+        if f.name in sizes:
+            raw = g.data.get(f.name)
+            values[f.name] = None if raw is None and optional else parse_size(raw)
+            if values[f.name] is None and not (raw is None and optional):
+                raise g.fail(f.name, "a size in bytes such as 49152 or '48K'")
+        else:
+            values[f.name] = g.get(f.name, "int")
+    lim = GpuLimits(**values)
+    warp = units.warp_threads
+    private = [lv for lv in levels if not lv.shared]
+    problems = []
+    if lim.max_threads_per_block % warp:
+        problems.append(f"gpu.max_threads_per_block ({lim.max_threads_per_block}) is not a multiple of the warp "
+                        f"size ({warp})")
+    if lim.max_threads_per_sm < lim.max_threads_per_block:
+        problems.append("gpu.max_threads_per_sm is below gpu.max_threads_per_block")
+    if not lim.shared_per_block <= lim.shared_per_block_optin <= lim.shared_per_sm:
+        problems.append("gpu: expected shared_per_block <= shared_per_block_optin <= shared_per_sm")
+    if lim.registers_per_sm < lim.max_registers_per_thread * warp:
+        problems.append("gpu.registers_per_sm cannot hold one warp at max_registers_per_thread")
+    if tuple(lv.storage_scope for lv in private) != GPU_LEVELS:
+        problems.append(f"levels: a GPU has two per-unit levels, registers per thread (storage_scope: local) "
+                        f"then shared memory per block (storage_scope: shared); got "
+                        f"{', '.join(f'{lv.name} ({lv.storage_scope})' for lv in private)}")
+    elif private[1].capacity_bytes > lim.shared_per_block_optin:
+        problems.append(f"levels: {private[1].name}'s capacity exceeds gpu.shared_per_block_optin")
+    elif private[0].capacity_bytes > lim.max_registers_per_thread * 4:
+        problems.append(f"levels: {private[0].name}'s capacity exceeds gpu.max_registers_per_thread x 4 bytes")
+    if problems:
+        raise DeviceSpecError(f"{where}: " + "; ".join(problems))
+    return lim
 
 
 # ---------------------------------------------------------------------------------------------
 # Finding specs.
 
 def spec_dir() -> Path:
-    """The folder of shipped specs (``hwspecs/`` at the project's top level)."""
+    """The folder of shipped specs (``hwspecs/`` at the project's top level): the one beside this package
+    when running from a source tree (so a checkout's specs win over another checkout's editable install),
+    else the installed ``roller.hwspecs``."""
+    beside = Path(__file__).resolve().parent.parent / "hwspecs"
+    if (beside / "__init__.py").is_file() and any(beside.glob("*.yaml")):
+        return beside
     return Path(str(resources.files("roller.hwspecs")))
 
 
@@ -411,4 +533,6 @@ def spec_fingerprint(dev: Device) -> str:
     import hashlib
     key = repr((dev.kind, dict(sorted(dev.target.items())), dev.units.count, dev.units.vector_bytes,
                 dev.units.warp_threads, [(lv.name, lv.capacity_bytes, lv.shared) for lv in dev.levels]))
+    if dev.gpu is not None:  # a CPU's key stays as it was (calibration files are named by it)
+        key += repr(dev.gpu)
     return hashlib.sha256(key.encode()).hexdigest()[:12]

@@ -32,3 +32,7 @@ class CalibrationError(RollerError):
 class ModelError(RollerError):
     """A whole model is unusable: the file does not parse, an operator has no importer, an input name or
     shape is wrong or missing."""
+
+
+class ToolchainError(RollerError):
+    """An optional compiler toolchain (the CUDA wheels of the ``cuda`` extra) is missing or failed."""

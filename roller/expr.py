@@ -84,6 +84,9 @@ class Expr:
     # inputs that a producer stage of the function writes (the operator's own zero padding, pad_temp):
     # the code runs that stage per top tile, over the tile's region; filled by roller.analysis
     staged: tuple[str, ...] = field(default=())
+    # staged inputs whose stage is zero padding only (no layout gather): a plan may inline it into the main
+    # block instead (RProgram.inlined), reading the tensor directly behind a bounds check
+    inlinable: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
         names = [a.name for a in self.axes]

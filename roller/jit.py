@@ -119,6 +119,9 @@ class JIT:
             raise RollerError(f"JIT: topk must be at least 1 (got {topk}) and background at least 0 "
                               f"(got {background})")
         self.device = _device(device)
+        if self.device.kind != "cpu":
+            raise RollerError(f"JIT: device {self.device.name!r} is a {self.device.kind}: the JIT serves CPU "
+                              f"devices (GPU kernels are compiled offline by roller.build, not run here)")
         self.topk = topk
         self.build_budget = build_budget
         self.background = background

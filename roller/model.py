@@ -26,7 +26,8 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
-from .rtile import LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tile_counts, traffic
+from .rtile import (LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tensor_footprint,
+                    tile_counts, traffic)
 from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options,
                     tiling_extents, transposed_elements)
 
@@ -103,6 +104,48 @@ def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], dev
     return outputs * lanes * FOLD_CYCLES * cycle_seconds(device)
 
 
+# Cycles each element load of an input whose zero-padding stage the plan inlines costs (RProgram.inlined):
+# the load sits behind a bounds check on its window position. Fitted on one thread, one A/B process each,
+# the same plan staged and inlined: the ResNet stem (7x7/2 over 3 channels, ~2.4 M broadcast loads) ran
+# 1.8 -> 3.5 ms (~2 cycles a load), a 3x3 conv on 56x56x64 (1.5 M) 1.48 -> 1.85 ms (~0.7). Loads along the
+# vector axis share one check per window row, and cost nothing measurable: depthwise convs ran faster
+# inlined (3x3/2 on 112x112x96 760 -> 400 us, 5x5 on 83x83x42 369 -> 292 us), the copy they save dominating.
+INLINE_CHECK_CYCLES = 2.0
+
+
+def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+                         vector_axis: str | None, inlined: tuple[str, ...]) -> float:
+    """Seconds the bounds checks of the inlined padding stages' loads take, over the whole operator (all
+    units): one check per element loaded at the register level (a broadcast); a tensor read in vectors
+    along the vector axis is not charged (see INLINE_CHECK_CYCLES)."""
+    if not inlined:
+        return 0.0
+    rules = LevelRules.of(device, 0, expr, vector_axis)
+    total = tile_counts(expr, tiles[0])[0]
+    loads = sum(tensor_footprint(t, tiles[0], rules, moved=True) for t in expr.inputs
+                if t.name in inlined and vector_axis not in t.innermost_axes())
+    return loads * total / rules.level.transaction_bytes * INLINE_CHECK_CYCLES * cycle_seconds(device)
+
+
+def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, device: Device) -> float:
+    """Bytes the top level's fill wastes on short strided rows: an input whose top tile takes part of each
+    of its rows (a 16-channel slice of a 96-channel window: 64 B of every 384) streams at the calibrated
+    efficiency of such rows (``Device.run_efficiency``), charged as the extra bytes that costs. One thread,
+    one A/B process, first plans before and after: stride-2 depthwise conv on 112x112x96 525 -> 245 us
+    (16 -> 96 channels a tile; PyTorch 349), dw 3x3 on 56x56x144 297 -> 193, on 112x112x32 209 -> 145,
+    max pool 3x3/2 on 112x112x64 302 -> 146."""
+    total = tile_counts(expr, top)[0]
+    extra = 0.0
+    for t in expr.inputs:
+        run = t.region(top)[-1] if t.index else t.shape[-1]
+        if not t.index or run >= t.shape[-1]:
+            continue  # whole rows: the tile reads the tensor contiguously
+        eff = device.run_efficiency(rules.row_bytes(t, run, moved=True))
+        if eff < 1.0:
+            extra += tensor_footprint(t, top, rules, moved=True) * total * (1.0 / eff - 1.0)
+    return extra
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -175,12 +218,14 @@ def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis
 
 
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
-             vector_axis: str | None = None, padded: tuple[str, ...] | None = None) -> Estimate:
+             vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
+             inlined: tuple[str, ...] = ()) -> Estimate:
     """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``, that vectorizes
     ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
     the last of ``roller.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
     the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
-    ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed."""
+    ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed.
+    ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead."""
     levels = device.private_levels
     if len(tiles) != len(levels):
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
@@ -197,18 +242,19 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     slow = scalar_fraction(expr, vector_axis, lanes, predicated)
-    compute_all = padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
+    compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
+                   + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
     source = data_source(expr, device)
     packed, _ = packing(expr, list(tiles), device, vector_axis)
-    copies = copy_bytes(expr, tiles[-1], padded, packed)
+    copies = copy_bytes(expr, tiles[-1], padded, packed, inlined)
     mem, traf = {}, {}
     foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
         rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, tiles[i + 1] if i + 1 < len(tiles) else None)
         if i == len(levels) - 1:
-            q += copies
+            q += copies + short_row_bytes(expr, tile, rules, device)
         below = levels[i + 1] if i + 1 < len(levels) else source
         bw = below.bandwidth_gbps
         if below.shared:

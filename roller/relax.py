@@ -8,8 +8,10 @@ alone). Each function goes down a chain of rules, each ``apply(func, device) -> 
 1. ``RollerRule``: a function whose main block roller's analysis accepts (one reduction such as a
    convolution, a matmul, a pool or a mean, with its padding stage and its elementwise epilogues; or one
    elementwise block) is planned by roller's constructor (the model's top-1 plan, or the top-K profiled)
-   and scheduled by roller's code generator.
-2. TVM's dlight CPU rules (``GEMV``, ``Reduction``: softmax, layer norm, RMS norm) where they apply.
+   and scheduled by roller's code generator; a function of several reductions run row by row (softmax,
+   layer norm, RMS norm, a mean and what follows it) keeps its blocks and gets a row plan
+   (:mod:`roller.rows`, :mod:`roller.codegen.rows`).
+2. TVM's dlight CPU rules (``GEMV``, ``Reduction``) where they apply.
 3. ``GenericRule``: every block's leading spatial loops fused and parallel, the innermost loop of an
    injective block vectorized (transposes, reshapes with a copy, broadcasts, what else is left).
 
@@ -26,6 +28,14 @@ from .device import Device
 from .errors import RollerError
 
 SCHEDULED_ATTR = "tirx.is_scheduled"
+
+# Profiling a whole model (ScheduleModule(profile=True)): roller's functions are profiled in order of
+# their share of the model's predicted time (plan time x calls) until PROFILE_BUDGET_SECONDS are spent;
+# functions under MIN_PROFILE_SHARE of it keep the model's first plan, and only plans predicted within
+# PLAN_SPREAD times the first one's time are built (ResNet-50 with every function's top 10: 185 s).
+PROFILE_BUDGET_SECONDS = 40.0
+MIN_PROFILE_SHARE = 0.01
+PLAN_SPREAD = 2.0
 
 
 @dataclass
@@ -46,6 +56,7 @@ class FunctionReport:
     reused: str | None = None
     plan: dict | None = None
     notes: tuple[str, ...] = ()
+    profiled: str | None = None  # with profiling: what it chose, or why the first plan stayed
 
     @property
     def reason(self) -> str | None:
@@ -55,7 +66,7 @@ class FunctionReport:
     def to_dict(self) -> dict:
         return {"name": self.name, "scheduled_by": self.scheduled_by, "seconds": self.seconds,
                 "reason": self.reason, "declined": dict(self.declined), "reused": self.reused,
-                "plan": self.plan, "notes": list(self.notes)}
+                "plan": self.plan, "notes": list(self.notes), "profiled": self.profiled}
 
 
 class Rule:
@@ -93,40 +104,93 @@ def _first_line(e: BaseException) -> str:
 
 class RollerRule(Rule):
     """roller's analysis, constructor and code generator (:mod:`roller.analysis`, :mod:`roller.construct`,
-    :mod:`roller.codegen`). Without ``profile`` the model's first plan is used (milliseconds to a second
-    per function, nothing built); with it the top-``topk`` plans are built, checked against TVM's
-    unscheduled build and timed in worker processes (:func:`roller.api.build`), and the fastest is used."""
+    :mod:`roller.codegen`) with the model's first plan (milliseconds to a second per function, nothing
+    built); :meth:`profiled` builds and times the top plans of a function (ScheduleModule's profiling).
+    A function the one-block analysis declines is tried as a row-wise function (several reductions);
+    its row plan has no alternatives to profile."""
 
     name = "roller"
 
-    def __init__(self, profile: bool = False, topk: int = 10):
-        super().__init__()
-        self.profile = profile
-        self.topk = topk
-
     def attempt(self, func, device: Device):
-        from .api import analyze, build
-        from .codegen import schedule
+        from .api import analyze
         from .construct import construct
 
         self.plan, self.notes = None, ()
         try:
             expr, norm = analyze(func)
         except RollerError as e:
-            return None, str(e)
+            return self._attempt_rows(func, device, str(e))
         try:
-            if self.profile:
-                program = build(norm.with_attr("global_symbol", "main"), device, topk=self.topk, profile=True,
-                                name=expr.name).program
-            else:
-                program = construct(expr, device, 1).programs[0]
-            notes: list[str] = []
+            program = construct(expr, device, 1).programs[0]
+        except _schedule_errors() as e:
+            return None, f"not planned: {_first_line(e)}"
+        return self._schedule(norm, expr, program, device)
+
+    def _schedule(self, norm, expr, program, device: Device):
+        from .codegen import schedule
+
+        notes: list[str] = []
+        try:
             sch = schedule(norm, expr, program, device, notes)
         except _schedule_errors() as e:
             return None, f"planned but not scheduled: {_first_line(e)}"
         self.plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                      "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
                      "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
+        self.notes = tuple(notes)
+        return sch, ""
+
+    def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD):
+        """(Schedule or None, what happened): the plans among the model's top ``topk`` predicted within
+        ``spread`` times the first plan's time are built, checked against TVM's unscheduled build and timed
+        in worker processes (:func:`roller.api.build`, through the kernel cache), and the fastest is
+        scheduled. None (the first plan stays) when fewer than two plans are that close."""
+        from .api import analyze, build
+        from .construct import construct
+
+        self.plan, self.notes = None, ()
+        expr, norm = analyze(func)
+        programs = construct(expr, device, topk).programs
+        first = programs[0].predicted_seconds
+        k = sum(1 for p in programs if p.predicted_seconds <= first * spread)
+        if k < 2:
+            nxt = f"{programs[1].predicted_seconds / first:.1f}x" if len(programs) > 1 else "no"
+            return None, f"not profiled: the model's next plan is predicted {nxt} slower"
+        try:
+            result = build(norm.with_attr("global_symbol", "main"), device, topk=k, profile=True, name=expr.name)
+        except _schedule_errors() as e:
+            return None, f"not profiled: {_first_line(e)}"
+        measured = [c["measured_seconds"] for c in result.report["candidates"]]
+        chosen = result.report["chosen"]
+        sch, why = self._schedule(norm, expr, result.program, device)
+        if sch is None:
+            return None, f"profiled plan not scheduled: {why}"
+        base = f"{measured[0] * 1e6:.3g} us" if measured[0] else "failed"
+        return sch, (f"top-{k} profiled ({result.report.get('cache', 'off')}): plan {chosen} "
+                     f"{measured[chosen] * 1e6:.3g} us, first plan {base}")
+
+    def _attempt_rows(self, func, device: Device, why_not_one: str):
+        """A function with several reductions run row by row (:mod:`roller.rows`); declined with both
+        analyses' reasons when it is not one."""
+        from .analysis import analyze_rows
+        from .codegen.rows import schedule_rows
+        from .rows import not_worth_it, plan_rows
+
+        try:
+            fn, norm = analyze_rows(func)
+        except RollerError as e:
+            return None, f"{why_not_one}; as a row-wise function: {e}"
+        plan = plan_rows(fn, device)
+        if not_worth_it(plan):
+            return None, f"{why_not_one}; as a row-wise function: {not_worth_it(plan)}"
+        notes: list[str] = []
+        try:
+            sch = schedule_rows(norm, plan, notes)
+        except _schedule_errors() as e:
+            return None, f"row-wise plan not scheduled: {_first_line(e)}"
+        self.plan = {"expr": fn.name, "rows": fn.rows, "cols": fn.cols, **plan.to_dict(),
+                     "blocks_exprs": {b.name: {"kind": b.kind, "axes": {a.name: a.extent for a in b.expr.axes},
+                                               "flops_per_point": b.expr.flops_per_point} for b in fn.blocks}}
         self.notes = tuple(notes)
         return sch, ""
 
@@ -219,9 +283,9 @@ def _const_extent(sch, loop) -> int | None:
     return int(ext) if isinstance(ext, tirx.IntImm) else None
 
 
-def default_rules(profile: bool = False, topk: int = 10) -> list[Rule]:
+def default_rules() -> list[Rule]:
     """roller first, then dlight's CPU GEMV and Reduction rules, then the generic schedule."""
-    return [RollerRule(profile, topk), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
+    return [RollerRule(), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
 
 
 def is_scheduled(func) -> bool:
@@ -242,10 +306,11 @@ class ScheduleModule:
     """
 
     def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,
-                 verify: bool = False):
+                 verify: bool = False, profile_budget: float | None = PROFILE_BUDGET_SECONDS):
         self.device = device
-        self.rules = rules if rules is not None else default_rules(profile, topk)
+        self.rules = rules if rules is not None else default_rules()
         self.verify = verify
+        self.profile, self.topk, self.profile_budget = profile, topk, profile_budget
         self.report: list[FunctionReport] = []
 
     def __call__(self, mod):
@@ -288,7 +353,52 @@ class ScheduleModule:
             done.setdefault(key, []).append((func, scheduled, gv.name_hint))
             if scheduled is not None:
                 mod[gv] = scheduled
+        if self.profile:
+            self._profile(mod, dict(items))
         return mod
+
+    def _profile(self, mod, originals: dict) -> None:
+        """Re-schedules roller's functions with their profiled plans, the largest share of the model's
+        predicted time first, while less than ``profile_budget`` seconds are spent (the function being
+        profiled then finishes; see PROFILE_BUDGET_SECONDS); each report's ``profiled`` says what
+        happened."""
+        counts = call_counts(mod)
+        by_name = {gv.name_hint: gv for gv in originals}
+        share = {r.name: (r.plan or {}).get("predicted_seconds", 0.0) * counts.get(r.name, 1)
+                 for r in self.report if r.scheduled_by == "roller"}
+        for r in self.report:  # a reused function's calls count for the one it reuses
+            if r.reused is not None and r.reused in share:
+                share[r.reused] += share.pop(r.name, 0.0)
+        total = sum(share.values()) or 1.0
+        rule = next((r for r in self.rules if isinstance(r, RollerRule)), RollerRule())
+        t0 = time.perf_counter()
+        for name in sorted(share, key=lambda n: -share[n]):
+            rep = next(r for r in self.report if r.name == name)
+            if rep.plan is None or "tiles" not in rep.plan:
+                rep.profiled = "not profiled: a row-wise plan has no alternatives"
+                continue
+            if share[name] < MIN_PROFILE_SHARE * total:
+                rep.profiled = f"not profiled: {share[name] / total:.1%} of the model's predicted time"
+                continue
+            spent = time.perf_counter() - t0
+            if self.profile_budget is not None and spent > self.profile_budget:
+                rep.profiled = f"not profiled: the profiling budget ({self.profile_budget:g} s) was spent"
+                continue
+            t = time.perf_counter()
+            sch, rep.profiled = rule.profiled(originals[by_name[name]], self.device, self.topk)
+            rep.seconds += time.perf_counter() - t
+            if sch is None:
+                continue
+            scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+            rep.plan, rep.notes = rule.plan, rule.notes
+            for r in self.report:
+                if r.name == name or r.reused == name:
+                    mod[by_name[r.name]] = scheduled
+                    if r.reused == name:
+                        r.plan = rule.plan
+        for r in self.report:
+            if r.reused in share:
+                r.profiled = f"as {r.reused}"
 
     def summary(self) -> dict[str, int]:
         """How many functions each rule scheduled."""
@@ -296,6 +406,28 @@ class ScheduleModule:
         for r in self.report:
             out[r.scheduled_by] = out.get(r.scheduled_by, 0) + 1
         return out
+
+
+def call_counts(mod) -> dict[str, int]:
+    """How many calls each PrimFunc of ``mod`` gets from its Relax functions (by name)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+    counts: dict[str, int] = {}
+
+    @visitor
+    class _Count(PyExprVisitor):
+        def visit_call_(self, call):
+            for a in call.args:
+                if isinstance(a, tvm.ir.GlobalVar):
+                    counts[a.name_hint] = counts.get(a.name_hint, 0) + 1
+            super().visit_call_(call)
+
+    for _, f in mod.functions.items():
+        if isinstance(f, relax.Function):
+            _Count().visit_expr(f)
+    return counts
 
 
 def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,17 @@ class RProgram:
     predicated: tuple[str, ...] = ()  # overhanging axes left to bounds checks
     partial_sums: bool = False        # a reduced vector axis keeps vectors of partial sums (rfactor)
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
+    inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
     footprint_bytes: Mapping[str, int] = field(default_factory=dict)   # level -> bytes one tile holds
     traffic_bytes: Mapping[str, int] = field(default_factory=dict)     # level -> bytes moved into it, whole op
     epsilon: float = 0.0
+    # a GPU plan's block as the model sees it (roller.gpu_construct): threads, registers per thread (the
+    # model's estimate), shared_bytes, blocks_per_sm, warps_per_sm, limited_by, reduction_steps, and
+    # copy_lanes (input -> elements per load of its cooperative copy into shared memory); empty on a CPU
+    gpu: Mapping[str, Any] = field(default_factory=dict)
 
     def tile(self, level: str) -> Mapping[str, int]:
         return self.tiles[self.levels.index(level)]
@@ -49,10 +54,11 @@ class RProgram:
 
     @property
     def key(self) -> tuple:
-        """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums)."""
+        """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
+        inlined padding stages)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
-                tuple(sorted(self.layouts.items())))
+                tuple(sorted(self.layouts.items())), self.inlined)
 
     def problem(self, axes: list[str]) -> str | None:
         """Why the plan breaks the tile contract for an expression with these axis names, or None:
@@ -70,17 +76,20 @@ class RProgram:
         return None
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "levels": list(self.levels),
             "tiles": {lv: dict(t) for lv, t in zip(self.levels, self.tiles)},
             "grid": dict(self.grid), "units": self.units, "waves": self.waves,
             "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
             "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
-            "layouts": {k: list(v) for k, v in self.layouts.items()},
+            "layouts": {k: list(v) for k, v in self.layouts.items()}, "inlined": list(self.inlined),
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
         }
+        if self.gpu:
+            d["gpu"] = dict(self.gpu)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "RProgram":
@@ -91,11 +100,12 @@ class RProgram:
             packed=tuple(d.get("packed", ())), storage_pad=dict(d.get("storage_pad", {})),
             padded=tuple(d.get("padded", ())), predicated=tuple(d.get("predicated", ())),
             partial_sums=bool(d.get("partial_sums", False)),
-            layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()},
+            layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()}, inlined=tuple(d.get("inlined", ())),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),
-            traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)))
+            traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)),
+            gpu=dict(d.get("gpu", {})))
 
     def describe(self) -> str:
         """One line per level, e.g. ``L1: m=32 n=64 k=128``."""

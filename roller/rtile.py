@@ -270,7 +270,7 @@ def axis_epsilon(extent: int, epsilon: float, unit: int = 1) -> float:
     only useless tiles (a 1x1 convolution over 168 channels kept one accumulator and ran at 0.4x)."""
     if extent > 16 and not any(extent % d == 0 for d in range(2, 17)):
         epsilon = max(epsilon, ODD_EXTENT_EPSILON)
-    if 1 < unit < extent and not any(extent % m == 0 for m in range(unit, extent, unit)):
+    if 1 < unit < extent and extent % unit:  # (a multiple of unit divides extent only if unit does)
         epsilon = max(epsilon, UNALIGNED_EXTENT_EPSILON)
     return epsilon
 

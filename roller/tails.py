@@ -162,7 +162,8 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
     return t.name in packed or is_window(t)
 
 
-def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...]) -> int:
+def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...],
+               inlined: tuple[str, ...] = ()) -> int:
     """Bytes the plan's copies move for the whole operator (read and written once each):
 
     - an input packed in a transposed layout: its region, once per top tile (padded or not);
@@ -171,7 +172,8 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     - another padded input: once per top tile when packed, else once, whole, at root;
     - a padded output: once more (the crop);
     - an input a producer stage of the function writes (``Expr.staged``, e.g. a convolution's own zero
-      padding): its region, once per top tile, besides any copy above.
+      padding): its region, once per top tile, besides any copy above; nothing where the plan inlines
+      that stage (``inlined``: the kernel reads the tensor itself, behind a bounds check).
 
     A packed input's plain copy (no padding, no transposition) is not charged the first time: the model
     does not credit what packing saves either (conflict-free dense rows), and charging one side only
@@ -186,7 +188,7 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
             # along an axis that does not index the input copy the same region again
             distinct = math.prod(ceil_div(expr.axis(a).extent, top[a]) for a in t.axes)
             total += region * (tiles - distinct)
-        if t.name in expr.staged:  # the function's own producer stage (its zero padding), per top tile
+        if t.name in expr.staged and t.name not in inlined:  # the function's own producer stage, per top tile
             total += region * tiles
         if t.packed_order:
             total += region * tiles
@@ -206,3 +208,23 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
 def transposed_elements(expr: Expr, top: Mapping[str, int]) -> int:
     """Elements one top tile copies into transposed packs (inputs the plan stores in another layout)."""
     return sum(math.prod(t.region(top)) for t in expr.inputs if t.packed_order)
+
+
+def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
+                   padded: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The ways a plan may run the function's zero-padding stages (``Expr.inlinable``): copied per top tile
+    (the default, first), or inlined into the main block, which then reads the tensor itself behind a
+    bounds check per load (``model.inline_check_seconds``). The copy moves the whole window again; the
+    check slows every load: a stride-2 depthwise conv on 112x112x96 ran 2x faster inlined, a dense 3x3
+    conv 1.25x slower (one thread each, one A/B process). Not where the plan pads an axis of that input
+    (its padded copy re-indexes the stage's output), nor where the register tile holds several vectors of
+    a predicated vector axis: the partial vector stays inside the unrolled register tile, and with the
+    window's bounds there its lanes load one by one (avg pool 3x3 on 83x83x84, 96-lane register tiles:
+    975 us inlined against 312 staged, one thread)."""
+    reg = clamp_tiles(tiling_extents(expr, vector_axis, lanes)[vector_axis], [t[vector_axis] for t in tiles])[0] \
+        if vector_axis is not None else 0
+    if (vector_axis in predicated_axes(expr, tiles, vector_axis, lanes, padded) and reg > lanes):
+        return [()]
+    stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded))
+    return [()] + ([stages] if stages else [])
+

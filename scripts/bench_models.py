@@ -3,14 +3,18 @@
     python3 scripts/bench_models.py                      # resnet50, bert (12 layers, seq 128), small ones
     python3 scripts/bench_models.py --models resnet50 --profile   # also roller with top-10 profiling
     python3 scripts/bench_models.py --models cnn,block --tvm-runs 3
+    PYTHONPATH=/path/to/torch python3 scripts/bench_models.py   # with a PyTorch eager column
 
 Models are built in code with random weights (tests/onnx_models.py; nothing is downloaded): ResNet-50
 v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers, 768 wide, 12 heads,
-MLP 3072, GELU, sequence 128), the small CNN and transformer block of the tests. Per model: roller's
+MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks for one new token
+over a 32-token KV cache, the small CNN and transformer block of the tests. Per model: roller's
 compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
 alternately with onnxruntime in this process after a pause each, scripts/benchutil.time_alternately),
 onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
-module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), and every
+module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
+eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
+faster of one thread and the device's cores), and every
 output checked against onnxruntime (rtol = atol = 1e-3 for float32). Prints a Markdown table and writes
 it with a JSON file to ``--out`` (default build/bench_models/).
 """
@@ -38,9 +42,22 @@ def _models():
     return {
         "resnet50": lambda: m.resnet50(),
         "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like"),
+        "mobilenet_v2": lambda: m.mobilenet_v2(),
+        "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode"),
         "cnn": lambda: m.small_cnn(size=96, channels=32),
         "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768),
     }
+
+
+def _torch_runner(proto, threads: int):
+    """scripts/torch_eager's runner of ``proto``, or None when torch is not importable."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    from torch_eager import torch_runner
+
+    return torch_runner(proto, threads)
 
 
 def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
@@ -88,9 +105,19 @@ def bench(name: str, proto, args) -> dict:
         row["profiled_compile_seconds"] = cp.compile_seconds
         row["profiled_matches"] = frontend.compare(cp.run(feeds), reference)["matches"]
         impls.append(("roller_profiled", cp.run_fn(feeds)))
+    torch_run = None if args.no_torch else _torch_runner(proto, dev.units.count)
+    if torch_run is not None:
+        row["torch_matches"] = frontend.compare(torch_run(feeds), reference)["matches"]
+        # PyTorch on the device's cores and on one: on a loaded 2-core machine its OpenMP threads wait
+        # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
+        impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, dev.units.count})]
     times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
+    if torch_run is not None:
+        row["torch_threads"] = min((k for k in times if k.startswith("torch_")), key=times.get)[len("torch_"):]
+        row["torch_latency_seconds"] = times["torch_" + row["torch_threads"]]
+        row["torch_latency_by_threads"] = {k[len("torch_"):]: v for k, v in times.items() if k.startswith("torch_")}
     if args.profile:
         row["profiled_latency_seconds"] = times["roller_profiled"]
     if args.tvm_runs > 0:
@@ -106,8 +133,8 @@ def _ms(s):
 
 
 def table(rows) -> str:
-    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | roller top-10: compile s, ms "
-            "| TVM default: compile s, ms | max abs err | matches | functions (by rule) |")
+    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | PyTorch eager ms (threads) "
+            "| roller top-10: compile s, ms | TVM default: compile s, ms | max abs err | matches | functions (by rule) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         prof = (f"{r['profiled_compile_seconds']:.1f}, {_ms(r['profiled_latency_seconds'])}"
@@ -115,22 +142,25 @@ def table(rows) -> str:
         tvm = (f"{r['tvm_compile_seconds']:.1f}, {_ms(r['tvm_latency_seconds'])}"
                + ("" if r.get("tvm_matches", True) else " (WRONG)") if "tvm_compile_seconds" in r else "-")
         rules = ", ".join(f"{k} {v}" for k, v in sorted(r["by_rule"].items()))
+        torch = (f"{_ms(r['torch_latency_seconds'])} ({r['torch_threads']}t)" + ("" if r["torch_matches"] else " (WRONG)")
+                 if "torch_latency_seconds" in r else "-")
         lines.append(f"| {r['model']} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
                      f"{_ms(r['onnxruntime_latency_seconds'])} | "
-                     f"{r['onnxruntime_latency_seconds'] / r['latency_seconds']:.2f} | {prof} | {tvm} | "
+                     f"{r['onnxruntime_latency_seconds'] / r['latency_seconds']:.2f} | {torch} | {prof} | {tvm} | "
                      f"{r['max_abs_error']:.2g} | {'yes' if r['matches'] else 'NO'} | {r['functions']} ({rules}) |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet50,bert,cnn,block", help="comma-separated: " + ",".join(_models()))
+    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(_models()))
     p.add_argument("--device", default=None)
     p.add_argument("--profile", action="store_true", help="also compile with top-K profiling (minutes)")
     p.add_argument("--topk", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")
     p.add_argument("--tvm-runs", type=int, default=1,
                    help="runs of TVM's default (unscheduled) build to time; 0 skips it (default 1: it is slow)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column even if torch imports")
     p.add_argument("--out", default="build/bench_models")
     args = p.parse_args(argv)
     makers = _models()

@@ -86,7 +86,8 @@ def main(argv=None) -> int:
             np.testing.assert_allclose(p.to_numpy(p.run()), ref, rtol=rtol, atol=atol, err_msg=f"{p.name} {op}")
         # each peer's column says how it runs (benchutil's note: "1 thread" for numpy's elementwise ops
         # and sums, "OpenBLAS" for its matmul)
-        impls = [("roller", lambda: res.module["main"](*targs))] + \
+        main = res.module["main"]  # looked up once (a lookup per call costs ~1 us)
+        impls = [("roller", lambda: main(*targs))] + \
                 [(f"{p.name}[{p.note}]" if p.note else p.name, p.run) for p in found]
         med = time_alternately(impls, rounds=args.rounds)
         flops = spec.flops(full)

@@ -72,7 +72,6 @@ def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: in
 
     rng = np.random.default_rng(seed)
     hd = dim // heads
-    mat = lambda r, c: rng.normal(0, r ** -0.5, (r, c))  # noqa: E731
     inits = [_init("scale", np.array(hd ** -0.5)), _init("half", np.array(0.5)), _init("one", np.array(1.0)),
              _init("rsqrt2", np.array(2 ** -0.5)),
              numpy_helper.from_array(np.array([1, seq, heads, hd], np.int64), "split_shape"),
@@ -81,16 +80,7 @@ def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: in
     x = "x"
     for n in range(layers):
         p = f"l{n}_"
-        inits += [
-            _init(p + "ln1_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln1_b", rng.normal(0, 0.1, dim)),
-            _init(p + "ln2_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln2_b", rng.normal(0, 0.1, dim)),
-            _init(p + "wq", mat(dim, dim)), _init(p + "bq", rng.normal(0, 0.1, dim)),
-            _init(p + "wk", mat(dim, dim)), _init(p + "bk", rng.normal(0, 0.1, dim)),
-            _init(p + "wv", mat(dim, dim)), _init(p + "bv", rng.normal(0, 0.1, dim)),
-            _init(p + "wo", mat(dim, dim)), _init(p + "bo", rng.normal(0, 0.1, dim)),
-            _init(p + "w1", mat(dim, hidden)), _init(p + "b1", rng.normal(0, 0.1, hidden)),
-            _init(p + "w2", mat(hidden, dim)), _init(p + "b2", rng.normal(0, 0.1, dim)),
-        ]
+        inits += _block_weights(rng, p, dim, hidden, [("q", dim), ("k", dim), ("v", dim)])
         nodes.append(helper.make_node("LayerNormalization", [x, p + "ln1_g", p + "ln1_b"], [p + "h"], axis=-1,
                                       epsilon=1e-5))
         for t in "qkv":
@@ -100,33 +90,59 @@ def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: in
                       helper.make_node("Transpose", [p + f"{t}2"], [p + f"{t}3"],
                                        perm=[0, 2, 3, 1] if t == "k" else [0, 2, 1, 3])]
         out = "y" if n == layers - 1 else p + "out"
-        nodes += [
-            helper.make_node("MatMul", [p + "q3", p + "k3"], [p + "s0"]),
-            helper.make_node("Mul", [p + "s0", "scale"], [p + "s1"]),
-            helper.make_node("Softmax", [p + "s1"], [p + "p"], axis=-1),
-            helper.make_node("MatMul", [p + "p", p + "v3"], [p + "o0"]),
-            helper.make_node("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [p + "o1", "merge_shape"], [p + "o2"]),
-            helper.make_node("MatMul", [p + "o2", p + "wo"], [p + "o3"]),
-            helper.make_node("Add", [p + "o3", p + "bo"], [p + "o4"]),
-            helper.make_node("Add", [x, p + "o4"], [p + "r1"]),
-            helper.make_node("LayerNormalization", [p + "r1", p + "ln2_g", p + "ln2_b"], [p + "h2"], axis=-1,
-                             epsilon=1e-5),
-            helper.make_node("MatMul", [p + "h2", p + "w1"], [p + "m0"]),
-            helper.make_node("Add", [p + "m0", p + "b1"], [p + "m1"]),
+        nodes += _attention_mlp(p, x, p + "k3", p + "v3", out, [
             helper.make_node("Mul", [p + "m1", "rsqrt2"], [p + "g0"]),
             helper.make_node("Erf", [p + "g0"], [p + "g1"]),
             helper.make_node("Add", [p + "g1", "one"], [p + "g2"]),
             helper.make_node("Mul", [p + "m1", p + "g2"], [p + "g3"]),
-            helper.make_node("Mul", [p + "g3", "half"], [p + "g4"]),
-            helper.make_node("MatMul", [p + "g4", p + "w2"], [p + "m2"]),
-            helper.make_node("Add", [p + "m2", p + "b2"], [p + "m3"]),
-            helper.make_node("Add", [p + "r1", p + "m3"], [out]),
-        ]
+            helper.make_node("Mul", [p + "g3", "half"], [p + "g4"])])
         x = out
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])
     return _model(nodes, [xi], [yo], inits, name)
+
+
+def _block_weights(rng, p: str, dim: int, hidden: int, projections, out_gain: float = 1.0) -> list:
+    """A pre-norm block's initializers, prefixed ``p``: two LayerNorms, the input projections
+    ``projections`` ((name, columns): ``w<name>`` [dim, columns] and ``b<name>``), the output projection
+    ``wo``, the MLP's ``w1`` / ``w2`` (``out_gain`` scales wo and w2, keeping deep residual sums O(1))."""
+    def mat(r, c, gain=1.0):
+        return rng.normal(0, r ** -0.5, (r, c)) * gain
+
+    out = [_init(p + "ln1_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln1_b", rng.normal(0, 0.1, dim)),
+           _init(p + "ln2_g", rng.uniform(0.5, 1.5, dim)), _init(p + "ln2_b", rng.normal(0, 0.1, dim))]
+    for name, cols in projections:
+        out += [_init(p + f"w{name}", mat(dim, cols)), _init(p + f"b{name}", rng.normal(0, 0.1, cols))]
+    return out + [_init(p + "wo", mat(dim, dim, out_gain)), _init(p + "bo", rng.normal(0, 0.1, dim)),
+                  _init(p + "w1", mat(dim, hidden)), _init(p + "b1", rng.normal(0, 0.1, hidden)),
+                  _init(p + "w2", mat(hidden, dim, out_gain)), _init(p + "b2", rng.normal(0, 0.1, dim))]
+
+
+def _attention_mlp(p: str, x: str, kt: str, v: str, out: str, gelu: list) -> list:
+    """The nodes of a pre-norm block after its Q, K^T and V heads (``p + "q3"``, ``kt``, ``v``): scaled
+    scores, softmax, .V, heads merged, output projection, residual from ``x``, LayerNorm, MLP in (``p +
+    "m1"``), ``gelu`` (nodes from ``p + "m1"`` to ``p + "g4"``), MLP out, residual into ``out``."""
+    from onnx import helper
+
+    return [
+        helper.make_node("MatMul", [p + "q3", kt], [p + "s0"]),
+        helper.make_node("Mul", [p + "s0", "scale"], [p + "s1"]),
+        helper.make_node("Softmax", [p + "s1"], [p + "p"], axis=-1),
+        helper.make_node("MatMul", [p + "p", v], [p + "o0"]),
+        helper.make_node("Transpose", [p + "o0"], [p + "o1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", [p + "o1", "merge_shape"], [p + "o2"]),
+        helper.make_node("MatMul", [p + "o2", p + "wo"], [p + "o3"]),
+        helper.make_node("Add", [p + "o3", p + "bo"], [p + "o4"]),
+        helper.make_node("Add", [x, p + "o4"], [p + "r1"]),
+        helper.make_node("LayerNormalization", [p + "r1", p + "ln2_g", p + "ln2_b"], [p + "h2"], axis=-1,
+                         epsilon=1e-5),
+        helper.make_node("MatMul", [p + "h2", p + "w1"], [p + "m0"]),
+        helper.make_node("Add", [p + "m0", p + "b1"], [p + "m1"]),
+        *gelu,
+        helper.make_node("MatMul", [p + "g4", p + "w2"], [p + "m2"]),
+        helper.make_node("Add", [p + "m2", p + "b2"], [p + "m3"]),
+        helper.make_node("Add", [p + "r1", p + "m3"], [out]),
+    ]
 
 
 def resnet50(batch: int = 1, size: int = 224, classes: int = 1000, width: int = 64, seed: int = 0):
@@ -172,3 +188,106 @@ def resnet50(batch: int = 1, size: int = 224, classes: int = 1000, width: int = 
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])
     return _model(nodes, [xi], [yo], inits, "resnet50")
+
+
+def mobilenet_v2(batch: int = 1, size: int = 224, classes: int = 1000, width: float = 1.0, seed: int = 0):
+    """A MobileNetV2 (torchvision's layout: 3x3/2 stem, inverted residual blocks (1x1 expand, 3x3
+    depthwise, 1x1 project, residual add where shapes allow), 1x1 conv to 1280, global average pool, FC)
+    with batch norm folded into the convolutions and ReLU6 as Clip(0, 6); random weights (each block's
+    projection scaled down so that the residual sums stay O(1)). ``width`` scales the channels."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    inits = [_init("zero", np.array(0.0)), _init("six", np.array(6.0))]
+    nodes = []
+    count = [0]
+
+    def conv(x, cin, cout, k, stride=1, groups=1, relu6=True, gain=1.0):
+        i = count[0]
+        count[0] += 1
+        w = rng.normal(0, gain * (2.0 / (cin // groups * k * k)) ** 0.5, (cout, cin // groups, k, k))
+        inits.extend([_init(f"w{i}", w), _init(f"b{i}", rng.normal(0, 0.05, cout))])
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], kernel_shape=[k, k],
+                                      strides=[stride, stride], pads=[k // 2] * 4, group=groups))
+        if not relu6:
+            return f"c{i}"
+        nodes.append(helper.make_node("Clip", [f"c{i}", "zero", "six"], [f"r{i}"]))
+        return f"r{i}"
+
+    def ch(c):
+        return max(8, int(c * width + 4) // 8 * 8)  # torchvision's _make_divisible(c * width, 8)
+
+    x, cin = conv("x", 3, ch(32), 3, 2), ch(32)
+    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)]:
+        cout = ch(c)
+        for b in range(n):
+            stride = s if b == 0 else 1
+            h = conv(x, cin, cin * t, 1) if t != 1 else x
+            h = conv(h, cin * t, cin * t, 3, stride, groups=cin * t)
+            h = conv(h, cin * t, cout, 1, relu6=False, gain=0.3)
+            if stride == 1 and cin == cout:
+                nodes.append(helper.make_node("Add", [h, x], [f"a{len(nodes)}"]))
+                h = f"a{len(nodes) - 1}"
+            x, cin = h, cout
+    x = conv(x, cin, 1280, 1)
+    inits += [_init("wf", rng.normal(0, 1280 ** -0.5, (classes, 1280))), _init("bf", rng.normal(0, 0.05, classes))]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+              helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])
+    return _model(nodes, [xi], [yo], inits, "mobilenet_v2")
+
+
+def gpt2_decoder(layers: int = 1, past: int = 32, dim: int = 768, heads: int = 12, seed: int = 0,
+                 name: str = "gpt2_decoder"):
+    """``layers`` GPT-2 decoder blocks for one new token (decode, sequence 1) attending over a KV cache of
+    ``past`` earlier tokens plus itself: LayerNorm, the fused QKV projection (dim -> 3 dim, Split), the new
+    key and value appended to the cache (Concat), scaled q.K^T, softmax, .V, output projection, residual,
+    LayerNorm, MLP (dim -> 4 dim, GELU in GPT-2's tanh form, -> dim), residual (float32). Inputs: ``x``
+    [1, 1, dim] and per layer ``past_k{n}`` / ``past_v{n}`` [1, heads, past, dim / heads]; output ``y``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    hd, hidden = dim // heads, 4 * dim
+    inits = [_init("scale", np.array(hd ** -0.5)), _init("half", np.array(0.5)), _init("one", np.array(1.0)),
+             _init("c0", np.array((2 / np.pi) ** 0.5)), _init("c1", np.array(0.044715)),
+             numpy_helper.from_array(np.array([dim] * 3, np.int64), "qkv_split"),
+             numpy_helper.from_array(np.array([1, 1, heads, hd], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([1, 1, dim], np.int64), "merge_shape")]
+    nodes, inputs = [], []
+    x = "x"
+    for n in range(layers):
+        p = f"l{n}_"
+        inits += _block_weights(rng, p, dim, hidden, [("qkv", 3 * dim)], out_gain=0.3)
+        inputs += [helper.make_tensor_value_info(f"past_{t}{n}", TensorProto.FLOAT, [1, heads, past, hd]) for t in "kv"]
+        nodes += [
+            helper.make_node("LayerNormalization", [x, p + "ln1_g", p + "ln1_b"], [p + "h"], axis=-1, epsilon=1e-5),
+            helper.make_node("MatMul", [p + "h", p + "wqkv"], [p + "qkv0"]),
+            helper.make_node("Add", [p + "qkv0", p + "bqkv"], [p + "qkv"]),
+            helper.make_node("Split", [p + "qkv", "qkv_split"], [p + "q1", p + "k1", p + "v1"], axis=-1),
+        ]
+        for t in "qkv":
+            nodes += [helper.make_node("Reshape", [p + f"{t}1", "split_shape"], [p + f"{t}2"]),
+                      helper.make_node("Transpose", [p + f"{t}2"], [p + f"{t}3"], perm=[0, 2, 1, 3])]
+        out = "y" if n == layers - 1 else p + "out"
+        nodes += [
+            helper.make_node("Concat", [f"past_k{n}", p + "k3"], [p + "k4"], axis=2),
+            helper.make_node("Concat", [f"past_v{n}", p + "v3"], [p + "v4"], axis=2),
+            helper.make_node("Transpose", [p + "k4"], [p + "k5"], perm=[0, 1, 3, 2]),
+        ]
+        # GELU, tanh form: 0.5 m (1 + tanh(sqrt(2 / pi) (m + 0.044715 m^3)))
+        nodes += _attention_mlp(p, x, p + "k5", p + "v4", out, [
+            helper.make_node("Mul", [p + "m1", p + "m1"], [p + "ga"]),
+            helper.make_node("Mul", [p + "ga", p + "m1"], [p + "gb"]),
+            helper.make_node("Mul", [p + "gb", "c1"], [p + "gc"]),
+            helper.make_node("Add", [p + "m1", p + "gc"], [p + "gd"]),
+            helper.make_node("Mul", [p + "gd", "c0"], [p + "ge"]),
+            helper.make_node("Tanh", [p + "ge"], [p + "g1"]),
+            helper.make_node("Add", [p + "g1", "one"], [p + "g2"]),
+            helper.make_node("Mul", [p + "m1", p + "g2"], [p + "g3"]),
+            helper.make_node("Mul", [p + "g3", "half"], [p + "g4"])])
+        x = out
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, dim])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, dim])
+    return _model(nodes, [xi] + inputs, [yo], inits, name)

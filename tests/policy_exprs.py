@@ -64,3 +64,19 @@ def cpu_spec(**over):
 
 def cpu(**over):
     return device_from_dict(cpu_spec(**over), "test")
+
+
+def spec_error(mutate, base: dict | None = None) -> str:
+    """The DeviceSpecError message for a copy of ``base`` (default: cpu_spec()) changed by ``mutate``, read as
+    ``bad.yaml``; fails the test when the spec is accepted."""
+    import copy
+
+    import pytest
+
+    from roller.errors import DeviceSpecError
+
+    spec = copy.deepcopy(base if base is not None else cpu_spec())
+    mutate(spec)
+    with pytest.raises(DeviceSpecError) as err:
+        device_from_dict(spec, "bad.yaml")
+    return str(err.value)

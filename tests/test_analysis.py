@@ -80,6 +80,7 @@ def test_conv2d_sliding_window(stride, pad, dilation):
     # the padding stays its own block; without padding there is none
     assert a.producer_blocks == (("pad_temp",) if pad else ())
     assert e.staged == (("pad_temp",) if pad else ())  # the model charges the stage's copy per top tile
+    assert e.inlinable == e.staged  # zero padding, no gather: a plan may read the tensor in place instead
     blocks = [b for b in ("pad_temp", "conv") if b in a.func.script()]
     assert blocks == (["pad_temp", "conv"] if pad else ["conv"])
     # the sliding-window region of an output tile: (t-1)*stride + (r-1)*dilation + 1

@@ -255,3 +255,53 @@ def test_window_reduce_loop_stays_rolled_where_unrolling_would_spill(device):
     import tvm
     assert kinds["s"] == int(tvm.tirx.ForKind.SERIAL), kinds
     assert any(k == int(tvm.tirx.ForKind.UNROLLED) for name, k in kinds.items() if name.startswith("w")), kinds
+
+
+# --- the function's own zero padding: copied per top tile, or inlined (RProgram.inlined), a plan choice
+
+def test_padding_stage_is_a_plan_choice_the_model_charges(device):
+    """Construction offers both ways to run a padding stage; the model charges the copy to the staged plan
+    and a bounds check per load to the inlined one, so a memory-bound stride-2 depthwise conv reads in
+    place while a compute-bound 3x3 conv keeps its copy (both measured so, see model.INLINE_CHECK_CYCLES)."""
+    from roller.model import estimate
+    from roller.tails import copy_bytes, inline_options
+
+    dw_spec, _, dw, dw_progs = constructed("depthwise_conv2d", dict(N=1, H=112, W=112, C=96, R=3, S=3, stride=2,
+                                                                     pad=1), device, topk=3)
+    top = dw_progs[0]
+    assert inline_options(dw, top.tiles, top.vector_axis, 16, ()) == [(), ("pad_temp",)]
+    staged = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ())
+    inlined = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ("pad_temp",))
+    assert copy_bytes(dw, top.tiles[-1], (), top.packed, ("pad_temp",)) < copy_bytes(dw, top.tiles[-1], (), top.packed)
+    # its window is read in vectors along the channels: one check per window row, not charged
+    assert inlined.compute_seconds == staged.compute_seconds and inlined.seconds < staged.seconds
+    assert top.inlined == ("pad_temp",)
+    _, _, conv, conv_progs = constructed("conv2d", dict(N=1, H=56, W=56, C=64, K=64, R=3, S=3, pad=1), device, 3)
+    first = conv_progs[0]
+    assert first.inlined == ()
+    # its window is broadcast element by element along the output channels: each load is checked
+    assert (estimate(conv, first.tiles, device, first.vector_axis, first.padded, ("pad_temp",)).compute_seconds
+            > estimate(conv, first.tiles, device, first.vector_axis, first.padded, ()).compute_seconds)
+    # no padding stage, nothing to inline
+    _, _, mm, mm_progs = constructed("matmul", dict(M=8, N=8, K=8), device, 1)
+    assert inline_options(mm, mm_progs[0].tiles, mm_progs[0].vector_axis, 16, ()) == [()]
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("op,shape", [
+    ("depthwise_conv2d", dict(N=1, H=13, W=11, C=20, R=3, S=3, stride=2, pad=1)),
+    ("depthwise_conv2d", dict(N=2, H=9, W=9, C=16, R=5, S=5, pad=2, dilation=2)),
+    ("pool2d", dict(N=1, H=12, W=15, C=33, R=3, S=3, stride=2, pad=1)),
+    ("conv2d", dict(N=1, H=10, W=10, C=8, K=24, R=3, S=3, pad=1)),
+])
+def test_inlined_and_staged_padding_numerics(device, op, shape):
+    """Both ways of running the padding stage give numpy's result, at the borders too (unwritten or
+    wrongly padded elements fail: the output starts as NaN)."""
+    import dataclasses
+
+    spec, func, expr, progs = constructed(op, shape, device, topk=1)
+    prog = progs[0]
+    for inlined in ((), ("pad_temp",)):
+        run_against_numpy(spec, func, expr, dataclasses.replace(prog, inlined=inlined), device, shape)
+    with pytest.raises(BuildError, match="inlines the stage"):
+        build(func, expr, dataclasses.replace(prog, inlined=("weight",)), device)

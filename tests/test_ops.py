@@ -386,6 +386,7 @@ def test_new_ops_analyse_as_one_reduction_with_padding_and_epilogue():
     narrow = analyze(ops.OPS["conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 4, "K": 6, "R": 3, "S": 3, "pad": 1,
                                             "groups": 2}))
     assert narrow.producer_blocks == ("pad_temp", "group_rep") and narrow.expr.staged == ("group_rep",)
+    assert narrow.expr.inlinable == ()  # a gather is never inlined (its index would not stay affine)
     assert [a.name for a in narrow.expr.axes] == ["n", "h", "w", "k", "r", "s", "c"]
     assert {t.name: t.shape for t in narrow.expr.inputs}["group_rep"] == (1, 8, 8, 2, 6)
     dw = analyze(ops.OPS["depthwise_conv2d"].make({"N": 1, "H": 6, "W": 6, "C": 5, "R": 3, "S": 3, "pad": 1}))

@@ -120,3 +120,39 @@ def test_build_budget_skips_and_stops_slow_candidates(setup):
         assert set(res.error[2:]) <= {SKIPPED, STOPPED} and SKIPPED in res.error[2:]
     finally:
         res.cleanup()
+
+
+class _FakeKernel:
+    """A module whose timer returns scripted seconds, one per repeat asked for (no TVM involved)."""
+
+    def __init__(self, times, log, index):
+        self.times, self.log, self.index = list(times), log, index
+
+    def __getitem__(self, name):
+        return lambda *args: None
+
+    def time_evaluator(self, name, dev, number, repeat):
+        def run(*args):
+            self.log.append(self.index)
+            return type("R", (), {"results": [self.times.pop(0) for _ in range(repeat)]})()
+        return run
+
+
+def test_finalists_include_the_models_first_plan_and_are_timed_alternately():
+    from roller import profile as prof
+
+    class Dev:
+        def sync(self):
+            pass
+
+    log: list[int] = []
+    # screens: plan 0 (the model's first) 2.0, plan 1 1.0 (a burst made 0 look slow), plan 2 1.1, plan 3 5.0;
+    # then three alternated rounds in which plan 0 is the fastest
+    kernels = {0: _FakeKernel([2.0, 0.8, 0.8, 0.8], log, 0), 1: _FakeKernel([1.0, 0.9, 1.0, 0.9], log, 1),
+               2: _FakeKernel([1.1, 1.2, 1.2, 1.2], log, 2), 3: _FakeKernel([5.0], log, 3)}
+    secs = prof._time_all(kernels, Dev(), [])
+    assert secs[3] == 5.0                          # far from the best: screened once, not a finalist
+    assert secs[0] == 0.8 and secs[1] == 0.9 and secs[2] == 1.2
+    assert min(secs, key=secs.get) == 0
+    rounds = log[4:]                               # after the four screens: one repeat per finalist per round
+    assert rounds == [1, 2, 0] * prof.REPEATS

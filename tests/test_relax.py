@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import roller  # noqa: E402
-from roller import cli, frontend  # noqa: E402
+from roller import cli, frontend, tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
 from roller.relax import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
@@ -28,13 +28,13 @@ def device():
 
 
 def _graph(nodes, inputs, output_shape, inits=(), opset=17):
-    """A one-output ONNX model over float32 inputs {name: shape}."""
+    """A one-output ONNX model over float32 inputs {name: shape} (opset 23 and above: IR version 10)."""
     ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()]
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(output_shape))
     inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in inits]
     model = helper.make_model(helper.make_graph(nodes, "g", ins, [out], initializer=inits),
                               opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
+    model.ir_version = 10 if opset >= 23 else 8
     return model
 
 
@@ -78,7 +78,7 @@ def test_transformer_block_matches_onnxruntime(transformer):
     by = _scheduled_by(cm)
     assert "none" not in by.values()
     assert all(by[n] == "roller" for n in by if "matmul" in n), by  # QKV, scores, GELU MLP, residuals
-    assert by["fast_softmax"] == by["layer_norm"] == "dlight.Reduction", by
+    assert by["fast_softmax"] == by["layer_norm"] == "roller", by  # several reductions, row by row
     gelu = next(r for r in cm.report if "erf" in r.name)
     assert gelu.plan and gelu.plan["tiles"], gelu
 
@@ -158,6 +158,11 @@ def test_identical_functions_are_scheduled_once(device):
     assert rep["zz_copy"].reused == name and rep["zz_copy"].scheduled_by == "roller"
     import tvm_ffi
     assert tvm_ffi.structural_equal(out[name], out["zz_copy"])
+    profiled = ScheduleModule(device, profile=True, topk=2)
+    out = profiled(mod)
+    rep = {r.name: r for r in profiled.report}
+    assert rep[name].profiled and rep["zz_copy"].profiled == f"as {name}", rep
+    assert tvm_ffi.structural_equal(out[name], out["zz_copy"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,19 +204,60 @@ def _case_matmul_bias_gelu(rng):
         {"x": x}, 0.5 * h * (1 + _erf(h / 2 ** 0.5)), "matmul", "roller"
 
 
-def _case_softmax(rng):
-    x = rng.normal(size=(2, 6, 20)) * 3
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x.shape}, x.shape), {"x": x}, \
-        e / e.sum(-1, keepdims=True), "softmax", "dlight.Reduction"
+def _softmax_case(shape, rule="roller"):
+    def case(rng):
+        x = rng.normal(size=shape) * 3
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x.shape}, x.shape), {"x": x}, \
+            e / e.sum(-1, keepdims=True), "softmax", rule
+    case.__name__ = "_case_softmax_" + "x".join(map(str, shape))
+    return case
+
+
+def _layer_norm_ref(x, g, b):
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * g + b
 
 
 def _case_layer_norm(rng):
     x, g, b = rng.normal(size=(1, 10, 48)), rng.uniform(0.5, 1.5, 48), rng.normal(size=48)
-    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     return _graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
-                  {"x": x.shape}, x.shape, [("g", g), ("b", b)]), {"x": x}, \
-        (x - mu) / np.sqrt(var + 1e-5) * g + b, "layer_norm", "dlight.Reduction"
+                  {"x": x.shape}, x.shape, [("g", g), ("b", b)]), {"x": x}, _layer_norm_ref(x, g, b), "layer_norm", \
+        "roller"
+
+
+def _case_layer_norm_one_row(rng):
+    x, g, b = rng.normal(size=(1, 1, 200)), rng.uniform(0.5, 1.5, 200), rng.normal(size=200)
+    return _graph([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                  {"x": x.shape}, x.shape, [("g", g), ("b", b)]), {"x": x}, _layer_norm_ref(x, g, b), "layer_norm", \
+        "roller"
+
+
+def _case_rms_norm(rng):
+    x, g = rng.normal(size=(2, 5, 64)), rng.uniform(0.5, 1.5, 64)
+    return _graph([helper.make_node("RMSNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-5)],
+                  {"x": x.shape}, x.shape, [("g", g)], opset=23), {"x": x}, \
+        x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g, "rms_norm", "roller"
+
+
+def _case_mean_then_normalize(rng):
+    # layer norm as older exporters write it: ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div
+    x = rng.normal(size=(1, 6, 48))
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1), helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["d2"]), helper.make_node("ReduceMean", ["d2", "axes"], ["v"], keepdims=1),
+             helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["y"])]
+    model = _graph(nodes, {"x": x.shape}, x.shape, [("eps", np.array(1e-5))], opset=18)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "axes"))
+    return model, {"x": x}, _layer_norm_ref(x, 1.0, 0.0), "mean_subtract", "roller"
+
+
+def _case_relu6(rng):
+    # MobileNetV2's activation: Clip with constant bounds, which the frontend folds with numpy
+    x = rng.normal(size=(1, 8, 6, 6)) * 5
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])]
+    return _graph(nodes, {"x": x.shape}, x.shape, [("lo", np.array(0.0)), ("hi", np.array(6.0))]), {"x": x}, \
+        np.clip(x, 0, 6), "minimum", "roller"
 
 
 def _case_reduce_mean(rng):
@@ -252,8 +298,11 @@ def _case_reshape_transpose(rng):
     return model, {"x": x}, x.transpose(0, 2, 1, 3).reshape(1, 6, 16), "transpose", "generic"
 
 
-CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _case_softmax, _case_layer_norm,
-         _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
+# softmax rows of 32: roller's row plan; rows of 77 end in a partial vector: dlight's (rows.not_worth_it);
+# one row of 1000: roller's (one row in partial sums of 10 lanes)
+CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _softmax_case((2, 6, 32)),
+         _softmax_case((1, 3, 7, 77), "dlight.Reduction"), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
+         _case_rms_norm, _case_mean_then_normalize, _case_relu6, _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__[6:] for c in CASES])
@@ -441,3 +490,149 @@ def test_cli_bad_input_one_line(what, tmp_path, capsys):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("roller: error:"), err
     assert expected in lines[0] and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Row-wise functions with several reductions (roller.rows, roller.codegen.rows)
+
+def _fused(model, device):
+    import tvm
+
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
+                                     roller.tvmutil.target_for(device))
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device):
+    """Softmax over 8 x 64: rows parallel, vector partial sums for max and sum (rfactor, local), exp kept
+    in a buffer computed at the row loop (one row of it after compaction), x - max inlined."""
+    from roller.relax import RollerRule
+
+    model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
+    (func,) = _fused(model, device).values()
+    rule = RollerRule()
+    sch, why = rule.attempt(func, device)
+    assert sch is not None, why
+    plan = rule.plan
+    assert plan["parallel"] and plan["row_axes"] == 1 and plan["rows"] == 8 and plan["cols"] == 64
+    assert set(plan["vector_reductions"]) == {"T_softmax_maxelem", "T_softmax_expsum"}
+    assert plan["reduction_lanes"] == device.units.lanes("float32")
+    assert plan["inlined"] == ["T_softmax_delta"] and "T_fast_exp" in plan["blocks"]
+    assert plan["blocks_exprs"]["T_fast_exp"]["flops_per_point"] > 10
+    text = sch.mod["main"].script()
+    assert "T.parallel" in text and "T.vectorized" in text and 'scope="local"' in text
+    # the exp buffer shrinks to one row once lowering compacts it: every block runs at the row loop
+    from tvm.s_tir import transform as st
+
+    compact = st.CompactBufferAllocation()(st.ConvertBlocksToOpaque()(
+        st.PlanAndUpdateBufferAllocationLocation()(sch.mod)))["main"].script()
+    alloc = next(ln for ln in compact.splitlines() if "T_fast_exp = T.sblock_alloc_buffer" in ln)
+    assert "((T.int64(1), T.int64(64)))" in alloc, alloc  # not 8 x 64
+
+
+def test_row_plan_reduction_lanes():
+    from roller.rows import reduction_lanes
+
+    assert reduction_lanes(768, 16) == 16
+    assert reduction_lanes(77, 16) == 11  # 7 x 11: no partial vector, whose predicate compute_at would drop
+    assert reduction_lanes(97, 16) == 1   # prime: the reduction runs scalar
+    assert reduction_lanes(10, 16) == 10  # shorter than a vector: the whole row
+
+
+def test_row_wise_rule_declines_other_functions_with_reasons(device):
+    from tvm import te
+
+    from roller.relax import RollerRule
+
+    a = te.placeholder((8, 16, 4), name="a")
+    k = te.reduce_axis((0, 16), name="k")
+    s = te.compute((8, 4), lambda i, j: te.sum(a[i, k, j], axis=k), name="s")  # reduces a middle axis
+    m = te.compute((8, 4), lambda i, j: te.max(a[i, k, j], axis=k), name="m")
+    out = te.compute((8, 16, 4), lambda i, n, j: a[i, n, j] - s[i, j] * m[i, j], name="out")
+    sch, why = RollerRule().attempt(te.create_prim_func([a, out]), device)
+    assert sch is None and "as a row-wise function" in why, why
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch: torch.export -> Relax -> roller (skipped where torch is not importable: CI does not install it)
+
+def test_torch_export_path(device):
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional: the torch.export path)")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    class Net(torch.nn.Module):
+        """conv + ReLU, global pool, layer norm, linear, softmax: convs, row-wise and matmul functions."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.conv(x)).mean((2, 3))
+            return torch.softmax(self.fc(self.norm(h)), -1)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        want = net(x).numpy()
+        mod = from_exported_program(torch.export.export(net, (x,)))
+    cm = roller.compile_model(mod, device, name="torch_net")
+    (got,) = cm.run({name: x.numpy() for name in cm.inputs})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    by = _scheduled_by(cm)
+    assert "none" not in by.values()
+    assert any("conv2d" in n and r == "roller" for n, r in by.items()), by
+    assert any("softmax" in n and r == "roller" for n, r in by.items()), by
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling a whole model: which functions, within a budget
+
+def test_profiling_goes_by_predicted_share_within_budget(device):
+    from roller.relax import MIN_PROFILE_SHARE
+
+    model = onnx_models.transformer_encoder(2)  # functions called twice, identical ones reused
+    cm = roller.compile_model(model, device, profile=True, topk=3, profile_budget=None)
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+    mine = [r for r in cm.report if r.scheduled_by == "roller"]
+    assert mine and all(r.profiled for r in mine), [(r.name, r.profiled) for r in mine]
+    assert any(r.profiled.startswith("top-") for r in mine), [(r.name, r.profiled) for r in mine]
+    for r in mine:
+        if "of the model's predicted time" in r.profiled:
+            share = float(r.profiled.split("not profiled: ")[1].split("%")[0]) / 100
+            assert share < MIN_PROFILE_SHARE, r.profiled
+    # no time at all: every function keeps the model's first plan, and says why
+    cm0 = roller.compile_model(model, device, profile=True, topk=3, profile_budget=0.0)
+    mine0 = [r for r in cm0.report if r.scheduled_by == "roller"]
+    assert any("budget" in r.profiled for r in mine0) and not any(r.profiled.startswith("top-") for r in mine0)
+    assert frontend.check_against_onnxruntime(cm0, model, time_it=False)["matches"]
+
+
+def test_call_counts(device):
+    from roller.relax import call_counts
+
+    model = onnx_models.transformer_encoder(2)
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
+                                     roller.tvmutil.target_for(device))
+    counts = call_counts(mod)
+    assert counts["layer_norm"] == 4, counts  # two per layer, one function
+    assert counts["fast_softmax"] == 2, counts
+
+
+def test_profiling_a_function_with_a_scalar_tensor_parameter(device):
+    """ReLU6's bounds reach the fused function as 0-d tensors: profiling passes them as 0-d arrays."""
+    from tvm import te
+
+    a = te.placeholder((4, 64), name="a")
+    lo = te.placeholder((), name="lo")
+    out = te.compute((4, 64), lambda i, j: te.max(a[i, j], lo()), name="out")
+    x = np.random.default_rng(5).normal(size=(4, 64)).astype(np.float32)
+    bound = np.array(0.25, np.float32)
+    res = roller.build(te.create_prim_func([a, lo, out]), device, topk=2, inputs=[x, bound], cache=False)
+    import tvm
+    y = tvm.runtime.empty((4, 64), "float32", tvm.cpu())
+    res.module["main"](tvm.runtime.tensor(x, tvm.cpu()), tvm.runtime.tensor(bound, tvm.cpu()), y)
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x, bound))

@@ -1,6 +1,7 @@
 """Code generation: an RProgram becomes a TVM schedule, then a compiled kernel.
 
-One module per device kind (``cpu``); nothing target-specific leaks into the policy.
+One module per device kind (``cpu``, ``cuda`` for GPUs, with its ``opencl`` twin); nothing target-specific
+leaks into the policy.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ..errors import BuildError
 from ..expr import Expr
 from ..rprogram import RProgram
 
-KINDS = ("cpu",)
+KINDS = ("cpu", "gpu")
 
 
 def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[str] | None = None):
@@ -30,6 +31,9 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
             padded = pad_to_tiles(func, expr, program, compute_lanes(expr, device))
             func, expr, program, root = padded.func, padded.expr, padded.program, padded.root_copies
         return schedule_cpu(func, expr, program, device, root, notes)
+    if device.kind == "gpu":
+        from .cuda import schedule_cuda
+        return schedule_cuda(func, expr, program, device, notes)
     raise BuildError(f"device {device.name!r} is of kind {device.kind!r}: roller generates code for "
                      f"{', '.join(KINDS)} only; use a CPU device spec")
 

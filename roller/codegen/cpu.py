@@ -155,6 +155,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     import tvm
 
     _check_program(expr, program)
+    if set(program.inlined) - set(expr.inlinable):
+        raise BuildError(f"{expr.name}: the plan inlines the stages that write {sorted(program.inlined)}, but the "
+                         f"function's zero-padding stages write {sorted(expr.inlinable) or 'no input'}")
     sch = tvm.s_tir.Schedule(func)
     block = _main_block(sch, expr)
     extents = expr.extents
@@ -296,6 +299,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     pad_of = dict(program.storage_pad)
     for t in expr.inputs:
         producer = _producer_of(sch, block, t.name)
+        if t.name in program.inlined and producer is not None:
+            sch.compute_inline(producer)  # the main block reads the tensor itself, behind its bounds
+            continue
         # the plan's layout over the buffer's own dimensions (fused axes stand for several)
         layout = _buffer_order(expr, t, program.layouts[t.name]) if program.layouts.get(t.name) else ()
         if producer is None and t.name in program.packed and _read_index(sch, block, t.name) is not None:

@@ -1,0 +1,154 @@
+"""``roller build OP --device a100``: the GPU plans compiled offline, checked against the device's limits, and
+the chosen kernel's numbers checked on the CPU through its OpenCL twin.
+
+The top-K plans are compiled to CUDA, PTX and cubin for the spec's architecture (``codegen.cuda.build_cuda``);
+a candidate whose kernel breaks a limit (``verify_gpu_code``, registers, spills, an occupancy below the
+model's) is dropped before the ranking is final. No GPU is used: the ranking is the model's alone and
+nothing is timed, which the report says (``timed: false``, ``ranking``). Where PoCL (or another OpenCL
+platform) is installed, the chosen schedule's OpenCL twin runs on the operator's inputs and is compared with
+numpy (``verified``); without one ``verified`` is null and ``verified_by`` says why.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .codegen.cuda import CudaBuild
+from .construct import construct
+from .device import Device
+from .errors import BuildError, ToolchainError
+from .expr import Expr
+from .rprogram import RProgram
+
+NOT_TIMED = "the model's alone: no GPU was used and nothing was timed"
+# Operators above this many flops are not run through the OpenCL twin (nor is their numpy reference made):
+# PoCL on this 2-core machine took ~40 s for a 4096^3 matmul (137 GFLOP) including the reference; the same
+# schedules are checked on small shapes by tests/test_cuda_codegen.py.
+TWIN_FLOP_LIMIT = 2e9
+
+
+@dataclass
+class GpuBuildResult:
+    """The chosen GPU plan, its offline build (``build``: source, PTX, cubin, ptxas resources) and the report
+    (keys as ``roller build --json`` prints them)."""
+
+    program: RProgram
+    build: CudaBuild
+    report: dict
+    expr: Expr
+    device: Device
+    builds: list = field(default_factory=list, repr=False)
+
+    def save(self, directory) -> dict[str, str]:
+        """Writes ``<op>.cu``, ``<op>.ptx``, ``<op>.cubin`` and ``<op>.json`` (the report) into ``directory``."""
+        from .output import atomic_write_bytes
+
+        out = Path(directory)
+        stem = str(self.report.get("op") or self.expr.name)
+        paths = {"source": out / f"{stem}.cu", "ptx": out / f"{stem}.ptx", "cubin": out / f"{stem}.cubin",
+                 "report": out / f"{stem}.json"}
+        atomic_write_bytes(paths["source"], self.build.source.encode())
+        atomic_write_bytes(paths["ptx"], self.build.ptx.encode())
+        atomic_write_bytes(paths["cubin"], self.build.cubin)
+        report = dict(self.report, program=self.program.to_dict(), files={k: str(v) for k, v in paths.items()})
+        atomic_write_bytes(paths["report"], (json.dumps(report, indent=2) + "\n").encode())
+        return {k: str(v) for k, v in paths.items()}
+
+
+def _candidate(p: RProgram, build: CudaBuild | None, error: str | None) -> dict:
+    main = build.main() if build is not None else None
+    return {
+        "tiles": {lv: dict(t) for lv, t in zip(p.levels, p.tiles)},
+        "grid": dict(p.grid), "units": p.units, "waves": p.waves,
+        "predicted_seconds": p.predicted_seconds, "measured_seconds": None,
+        "model": {"threads": p.gpu["threads"], "registers": p.gpu["registers"],
+                  "shared_bytes": p.gpu["shared_bytes"], "blocks_per_sm": p.gpu["blocks_per_sm"],
+                  "footprint_bytes": dict(p.footprint_bytes)},
+        "ptxas": main.to_dict() if main is not None else None,
+        "problems": list(build.problems) if build is not None else [],
+        "error": error,
+        "dropped": build is None or bool(build.problems),
+        "predicated": list(p.predicated), "storage_pad": dict(p.storage_pad),
+        "copy_lanes": dict(p.gpu.get("copy_lanes", {})),
+    }
+
+
+def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, reference) -> tuple[bool | None, str]:
+    """(verified, by what): the OpenCL twin of the schedule on this machine's OpenCL device against numpy."""
+    from .codegen import opencl
+    from .codegen.cuda import schedule_cuda
+
+    from .profile import _fill_sentinel
+
+    reason = opencl.missing() or opencl.unsupported(t.dtype for t in expr.tensors)
+    if reason:
+        return None, f"not checked: {reason}"
+    twin = opencl.opencl_program(schedule_cuda(func, expr, program, device).mod)
+    names = [str(p.name) for p in func.params]
+    out = _fill_sentinel(np.empty(reference.shape, reference.dtype))
+    got = opencl.run(twin, dict(zip(names, list(inputs) + [out])), (names[-1],))[names[-1]]
+    ok = bool(np.allclose(got, reference, rtol=1e-4, atol=1e-4))
+    return ok, "the OpenCL twin of the same schedule on this CPU (PoCL), against numpy"
+
+
+def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs=None, reference=None) -> GpuBuildResult:
+    """Constructs the top-``topk`` plans of ``func`` for the GPU ``device``, compiles each offline, drops
+    those over the device's limits and returns the model's best remaining one (see module doc)."""
+    from .api import analyze
+    from .codegen.cuda import build_cuda
+
+    t0 = time.perf_counter()
+    expr, norm = analyze(func)
+    cons = construct(expr, device, topk)
+    builds: list[CudaBuild | None] = []
+    rows = []
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    for p in cons.programs:
+        try:
+            b, err = build_cuda(norm, expr, p, device), None
+        except ToolchainError:
+            raise
+        except (BuildError, ScheduleError) as e:  # this candidate only: a step that does not apply
+            b, err = None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        builds.append(b)
+        rows.append(_candidate(p, b, err))
+    kept = [i for i, r in enumerate(rows) if not r["dropped"]]
+    if not kept:
+        raise BuildError(f"{expr.name}: every one of the {len(rows)} GPU candidates broke a limit of {device.name} "
+                         f"or failed to build", details="\n".join(f"#{i}: {r['error'] or r['problems']}"
+                                                               for i, r in enumerate(rows)))
+    best = kept[0]  # the plans are in the model's order: the first that fits is the model's choice
+    program = cons.programs[best]
+    if expr.flops > TWIN_FLOP_LIMIT:
+        verified, by = None, (f"not checked: {expr.flops / 1e9:.3g} GFLOP is too much for the OpenCL twin on this "
+                              f"CPU (limit {TWIN_FLOP_LIMIT / 1e9:g} GFLOP)")
+    elif inputs is None or reference is None:
+        verified, by = None, "not checked: no inputs and reference were given"
+    else:
+        verified, by = _check_twin(norm, expr, program, device, inputs, reference)
+    if verified is False:
+        raise BuildError(f"{expr.name}: the chosen GPU schedule's OpenCL twin does not match numpy on this CPU")
+    report = {
+        **labels,
+        "dtype": labels.get("dtype", expr.dtype), "out_dtype": expr.dtype,
+        "device": device.name, "device_kind": device.kind, "arch": builds[best].arch,
+        "device_calibrated": device.calibrated,
+        "construct_seconds": cons.seconds, "build_seconds": time.perf_counter() - t0,
+        "kernel_seconds": None, "gflops": None,
+        "predicted_gflops": expr.flops / program.predicted_seconds / 1e9 if program.predicted_seconds else None,
+        "peak_fraction": (expr.flops / program.predicted_seconds / 1e9
+                          / (device.units.peak(expr.dtype) * device.units.count)),
+        "timed": False, "ranking": NOT_TIMED,
+        "verified": verified, "verified_by": by,
+        "chosen": best, "dropped": [i for i, r in enumerate(rows) if r["dropped"]],
+        "epsilon": cons.epsilon, "cache": "off",
+        "candidates": rows,
+    }
+    return GpuBuildResult(program, builds[best], report, expr, device, builds)
+

@@ -1,0 +1,60 @@
+"""Dumps roller.construct's top-10 plans (RProgram.to_dict) for every case of suite.csv on a CPU device, or
+checks that a dump made earlier is byte-identical: the guard that a policy change left the CPU's plans alone.
+
+    python3 scripts/cpu_plans_snapshot.py --write /tmp/cpu_plans.json     # before the change
+    python3 scripts/cpu_plans_snapshot.py --check /tmp/cpu_plans.json     # after it: exit 1 on any difference
+
+The device is the host (as calibrated) unless --device names a spec; the dump is taken and checked on the
+same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same folder)
+
+
+def dump(device_name: str) -> str:
+    from roller import api, load_device
+
+    device = load_device(device_name)
+    out = {}
+    for case in load_cases(SUITE):
+        try:
+            spec = _spec(case)
+        except Skip as e:
+            out[case.name] = f"skipped: {e}"
+            continue
+        func = spec.make(case.shape, "float32")
+        cons = api.construct(func, device, topk=10)
+        out[case.name] = [p.to_dict() for p in cons.programs]
+    return json.dumps(out, indent=1, sort_keys=True, default=str)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", metavar="JSON", help="write the dump here")
+    group.add_argument("--check", metavar="JSON", help="compare with the dump written here before")
+    ap.add_argument("--device", default="host", help="host (default), a shipped CPU spec or a YAML path")
+    args = ap.parse_args(argv)
+    text = dump(args.device)
+    if args.write:
+        Path(args.write).write_text(text)
+        print(f"wrote {args.write} ({len(json.loads(text))} cases)")
+        return 0
+    before = Path(args.check).read_text()
+    if before == text:
+        print(f"identical: {len(json.loads(text))} cases")
+        return 0
+    old, new = json.loads(before), json.loads(text)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    print(f"DIFFERENT in {len(changed)} case(s): {', '.join(changed)}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

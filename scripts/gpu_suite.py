@@ -1,0 +1,97 @@
+"""The suite's operators (scripts/suite.csv) on a GPU spec: the model's prediction for each, and, on a machine
+with that NVIDIA GPU, the measured time of the top-k plans (checked against numpy) beside it.
+
+    python3 scripts/gpu_suite.py                        # a100 spec; --device h100, --cases REGEX, --topk 3
+
+Without a GPU it says so, prints the predictions only (nothing is measured) and exits 0. The measuring path
+uses TVM's CUDA runtime (tvm.cuda(0), time_evaluator) the way roller.profile uses the CPU's; it has not been
+run on a GPU yet (none was reachable where it was written).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import numpy as np
+
+from bench_suite import SUITE, Skip, _spec, load_cases  # noqa: E402  (same folder)
+
+
+def gpu_present() -> bool:
+    import tvm
+
+    return bool(tvm.runtime.enabled("cuda")) and tvm.cuda(0).exist
+
+
+def _measure(func, expr, programs, device, inputs, reference):
+    """(seconds, index) of the fastest plan whose output matches ``reference`` on the GPU, or (None, None)."""
+    import tvm
+
+    from roller.codegen.cuda import schedule_cuda
+    from roller.tvmutil import target_for
+
+    dev = tvm.cuda(0)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    out = tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype), dev)
+    best = (None, None)
+    for i, p in enumerate(programs):
+        ex = tvm.compile(schedule_cuda(func, expr, p, device).mod, target_for(device))
+        ex["main"](*args, out)
+        dev.sync()
+        if not np.allclose(out.numpy(), reference, rtol=1e-3, atol=1e-3):
+            print(f"    plan {i}: WRONG result, not timed", file=sys.stderr)
+            continue
+        seconds = float(np.median(ex.mod.time_evaluator("main", dev, number=20, repeat=5)(*args, out).results))
+        if best[0] is None or seconds < best[0]:
+            best = (seconds, i)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="a100", help="a GPU spec (default a100)")
+    ap.add_argument("--cases", default=None, metavar="REGEX", help="only the cases whose name matches")
+    ap.add_argument("--topk", type=int, default=3, help="plans built and timed per case on a GPU (default 3)")
+    args = ap.parse_args(argv)
+
+    from roller.api import analyze
+    from roller.construct import construct
+    from roller.device import load_device
+
+    device = load_device(args.device)
+    if device.kind != "gpu":
+        print(f"{args.device} is not a GPU spec", file=sys.stderr)
+        return 2
+    present = gpu_present()
+    print(f"device spec {device.name} ({device.target.get('arch')}): "
+          + ("a GPU is present: the top-k plans are built, checked against numpy and timed" if present else
+             "NO GPU on this machine: predictions only, nothing is measured"))
+    peak = device.units.peak("float32") * device.units.count * 1e9
+    print(f"{'case':<28} {'block tile':<34} {'thr':>4} {'predicted':>10} {'of peak':>7} {'measured':>10} "
+          f"{'meas/pred':>9}")
+    for case in load_cases(SUITE):
+        if args.cases and not re.search(args.cases, case.name):
+            continue
+        try:
+            spec = _spec(case)
+        except Skip as e:
+            print(f"{case.name:<28} skipped: {e}")
+            continue
+        expr, func = analyze(spec.make(case.shape, "float32"))
+        plans = construct(expr, device, topk=args.topk).programs
+        p = plans[0]
+        measured = None
+        if present:
+            inputs = spec.inputs(case.shape, "float32", np.random.default_rng(0))
+            measured, _ = _measure(func, expr, plans, device, inputs, spec.reference(inputs, case.shape))
+        block = " ".join(f"{a}={s}" for a, s in p.tiles[1].items())
+        ratio = f"{measured / p.predicted_seconds:.2f}" if measured else "-"
+        print(f"{case.name:<28} {block[:34]:<34} {p.gpu['threads']:>4} {p.predicted_seconds * 1e6:>8.1f}us "
+              f"{expr.flops / p.predicted_seconds / peak:>7.0%} "
+              f"{(f'{measured * 1e6:.1f}us' if measured else '-'):>10} {ratio:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
