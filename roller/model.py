@@ -137,10 +137,9 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
     total = tile_counts(expr, top)[0]
     extra = 0.0
     for t in expr.inputs:
-        run = t.region(top)[-1] if t.index else t.shape[-1]
-        if not t.index or run >= t.shape[-1]:
-            continue  # whole rows: the tile reads the tensor contiguously
-        eff = device.run_efficiency(rules.row_bytes(t, run, moved=True))
+        if not t.index or t.region(top)[-1] >= t.shape[-1]:
+            continue  # a scalar, or whole rows: the tile reads the tensor contiguously
+        eff = device.run_efficiency(rules.row_bytes(t, t.region(top)[-1], moved=True))
         if eff < 1.0:
             extra += tensor_footprint(t, top, rules, moved=True) * total * (1.0 / eff - 1.0)
     return extra

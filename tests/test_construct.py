@@ -227,3 +227,30 @@ def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
     assert packing_bytes(e, tiles, DEV) == 256 * 1024 + 256 * 16 * 4
     for p in construct(e, DEV, topk=10).programs:  # every plan fits its top level with the copy
         assert p.footprint_bytes["L2"] <= DEV.level("L2").usable_bytes
+
+
+def test_short_strided_rows_cost_the_calibrated_efficiency():
+    """A top tile taking part of each row of an input streams it at the calibrated small-transfer
+    efficiency (64 B rows of a 384 B row: 42% on the calibrated machine); whole rows and scalars cost nothing
+    more; without a calibration nothing is charged."""
+    from roller.device import load_device
+    from roller.expr import Axis, Expr, TensorAccess
+    from roller.model import short_row_bytes
+    from roller.rtile import LevelRules
+
+    plain = load_device("x86-avx512", calibrated=False)
+    sweep = {"small_transfer": {"stride_bytes": 256, "rows": [{"bytes": 64, "efficiency": 0.5},
+                                                              {"bytes": 128, "efficiency": 0.8}]}}
+    dev = plain.with_calibration(sweep)
+    assert dev.run_efficiency(64) == 0.5 and dev.run_efficiency(96) == pytest.approx(0.65)
+    assert dev.run_efficiency(192) == pytest.approx(0.9) and dev.run_efficiency(4096) == 1.0
+    assert plain.run_efficiency(64) == 1.0
+    e = Expr("copy", (Axis("i", 64, "spatial"), Axis("j", 96, "spatial")),
+             (TensorAccess("A", (64, 96), "float32", ((("i", 1),), (("j", 1),))),
+              TensorAccess("s", (), "float32", ())),
+             TensorAccess("B", (64, 96), "float32", ((("i", 1),), (("j", 1),))), flops_per_point=1)
+    top = LevelRules.of(dev, len(dev.private_levels) - 1, e, "j")
+    strided = short_row_bytes(e, {"i": 64, "j": 16}, top, dev)
+    assert strided == pytest.approx(64 * 64 * 6 * (1 / 0.5 - 1))  # 64 rows of 64 B per tile, 6 tiles, at 50%
+    assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
+    assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
