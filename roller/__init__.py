@@ -13,7 +13,7 @@ from .rprogram import RProgram
 __version__ = "0.1.0"
 
 __all__ = [
-    "BuildResult", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
+    "BuildResult", "JIT", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
     "RProgram", "RollerError", "DeviceSpecError", "UnsupportedExpressionError", "InvalidShapeError",
     "BuildError", "CalibrationError", "ModelError", "compile_model",
 ]
@@ -30,4 +30,7 @@ def __getattr__(name):
     if name == "ops":  # imports TVM: only on first use
         import importlib
         return importlib.import_module(".ops", __name__)
+    if name == "JIT":  # (not imported with the package: `python -m roller.jit` runs that module as a script)
+        from .jit import JIT
+        return JIT
     raise AttributeError(name)

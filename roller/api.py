@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -90,11 +92,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
                   cache, options)
 
 
-def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
-           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
-    """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
-    a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
-    t0 = time.perf_counter()
+def _prepare(func, device, name, shape, options, dtype) -> tuple[Device, Expr, Any, dict]:
+    """(device, fused Expr, normalized PrimFunc, report labels) of a function about to be built."""
     dev = _device(device)
     from .codegen import KINDS
     if dev.kind not in KINDS:
@@ -107,30 +106,23 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         labels["options"] = dict(options)
     if dtype is not None:
         labels["dtype"] = dtype
-    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
-        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu
-        inputs, reference = check() if expr.flops <= TWIN_FLOP_LIMIT else (None, None)
-        return build_gpu(func, dev, topk, labels, inputs, reference)
+    return dev, expr, norm, labels
 
-    def compile_() -> BuildResult:
-        inputs, reference = check()
-        return _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
 
-    if not cache:
-        result = compile_()
-        result.report["cache"] = "off"
-        return result
+def cache_options(profile: bool, topk: int, build_budget: float | None) -> dict:
+    """The build options that enter the kernel cache's key: the tier (profiled or the model's top-1),
+    and for the profiled tier how many plans and how many seconds of building."""
+    return {"profile": bool(profile), "topk": topk if profile else 1,
+            "build_budget": build_budget if profile else None}
 
-    from . import cache as kcache
-    from .tvmutil import set_threads
 
-    cache_options = {"profile": bool(profile), "topk": topk if profile else 1,
-                     "build_budget": build_budget if profile else None}
-    store = kcache.open_store()
-    key, parts = kcache.kernel_key(norm, dev, cache_options)
+def _loader(dev: Device, expr: Expr, labels: Mapping, t0: float) -> Callable:
+    """Turns a cache entry into a BuildResult (its module loaded, its report relabelled for this call)."""
 
-    def load(entry: "kcache.CachedKernel") -> BuildResult:
+    def load(entry) -> BuildResult:
         import tvm
+
+        from .tvmutil import set_threads
 
         set_threads(dev.units.count)  # before the runtime's pool starts, as for a fresh build
         module = tvm.runtime.load_module(entry.library)
@@ -140,36 +132,114 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         return BuildResult(module=module, program=program, report=report, expr=expr, device=dev,
                            library=entry.library)
 
+    return load
+
+
+def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
+           build_budget: float | None = BUILD_BUDGET_SECONDS, name: str | None = None,
+           key: str | None = None) -> BuildResult | None:
+    """The kernel :func:`build` with these arguments would return from the kernel cache, or None when the
+    cache holds none (or an unreadable one); never builds. The JIT asks it for the profiled tier. ``key``:
+    the entry to load, as another process published it (its roller sources may differ from this one's,
+    and the sources enter the key)."""
+    from . import cache as kcache
+
+    t0 = time.perf_counter()
+    dev, expr, norm, labels = _prepare(func, device, name, None, None, None)
+    options = cache_options(profile, topk, build_budget)
+    store = kcache.open_store()
+    if key is None:
+        key, _ = kcache.kernel_key(norm, dev, options)
+    found = kcache.lookup(store, key, _loader(dev, expr, labels, t0))
+    if found is not None:
+        found.report.update(cache="hit", cache_key=key, cache_options=options)
+    return found
+
+
+# The build report's version: raised when a key changes meaning or goes away (new keys do not raise it).
+# 1: the keys listed in the README (roller build --json), with tier.
+REPORT_SCHEMA = 1
+BUILD_LOG_ENV = "ROLLER_BUILD_LOG"  # a file: one JSON line per compile (not per cache hit), from every process
+
+
+def _log_build(report: Mapping, key: str | None) -> None:
+    """Appends one line (key, op, shape, tier, pid, seconds) to $ROLLER_BUILD_LOG, if set: a fleet's
+    compiles counted outside the cache (one O_APPEND write per line: lines of processes do not mix)."""
+    path = os.environ.get(BUILD_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"key": key, "op": report.get("op"), "shape": report.get("shape"), "tier": report.get("tier"),
+                       "pid": os.getpid(), "seconds": report.get("build_seconds")}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
+           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
+    """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
+    a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
+    t0 = time.perf_counter()
+    dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
+    if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
+        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu
+        inputs, reference = check() if expr.flops <= TWIN_FLOP_LIMIT else (None, None)
+        return build_gpu(func, dev, topk, labels, inputs, reference)
+    key = None
+
+    def compile_() -> BuildResult:
+        inputs, reference = check()
+        result = _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
+        _log_build(result.report, key)
+        return result
+
+    if not cache:
+        result = compile_()
+        result.report["cache"] = "off"
+        return result
+
+    from . import cache as kcache
+
+    opts = cache_options(profile, topk, build_budget)
+    store = kcache.open_store()
+    key, parts = kcache.kernel_key(norm, dev, opts)
+
     def build_and_describe() -> tuple[BuildResult, str, dict]:
         result = compile_()
-        stored = dict(result.report, program=result.program.to_dict(), cache_options=cache_options)
+        stored = dict(result.report, program=result.program.to_dict(), cache_options=opts)
         return result, result.library, stored
 
-    status, result = kcache.get_or_build(store, key, parts, build_and_describe, load)
-    result.report.update(cache=status, cache_key=key, cache_options=cache_options)
+    status, result = kcache.get_or_build(store, key, parts, build_and_describe, _loader(dev, expr, labels, t0))
+    result.report.update(cache=status, cache_key=key, cache_options=opts)
     return result
 
 
 def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inputs, reference, progress: bool,
                     build_budget: float | None, labels: Mapping, t0: float) -> BuildResult:
-    """Constructs the plans of an analysed function, builds, checks and times them (see build)."""
+    """Constructs the plans of an analysed function, builds, checks and times them (see build). The
+    profiled tier builds in worker processes; the top-1 tier compiles its one plan in this thread."""
     from .profile import profile as _profile, warm_up
 
-    warm_up()
+    if profile:
+        warm_up()
     cons = _construct(expr, dev, topk if profile else 1)
     programs = list(cons.programs if profile else cons.programs[:1])
     if inputs is None:
         inputs = random_inputs(norm)
     prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile,
-                    build_budget=build_budget)
+                    build_budget=build_budget, in_process=not profile)
     best = prof.best
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
     report = {
-        **labels,
+        **labels,  # op, shape, options first: what the kernel is
+        "schema": REPORT_SCHEMA,
         "dtype": labels.get("dtype", expr.dtype),  # what build_op was asked (int8), else the function's
         "out_dtype": expr.dtype,  # what the kernel writes (an int8 reduction accumulates and stores int32)
         "device": dev.name,
+        "tier": "profiled" if profile else "top1",
         "device_calibrated": dev.calibrated,
         "construct_seconds": cons.seconds,
         "build_seconds": time.perf_counter() - t0,
@@ -232,8 +302,8 @@ def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: 
 
     spec = ops.get_op(op).with_options(**options)
     full = ops.validate_shape(spec, dict(shape), dtype)
-    if not cache:  # the build server imports TVM while this process does the same, on the other core
-        warm_up()  # (with the cache, only a miss starts it: a hit needs no build server)
+    if not cache and profile:  # the build server imports TVM while this process does the same, on the other
+        warm_up()  # core (with the cache, only a miss starts it: a hit needs no build server; top-1 needs none)
     func = spec.make(full, dtype)
 
     def check() -> tuple[list[np.ndarray], np.ndarray]:

@@ -18,8 +18,8 @@ processes: ``locks/<key>.lock`` (filelock) is held while building; waiters read 
 truncated or bit-flipped entry fails its checksum: one warning, then it is rebuilt. The store keeps
 its size under a bound by evicting the least recently used entries (last use = meta.json's mtime).
 
-:class:`Store` is the interface a remote store (Redis) can implement later; :class:`LocalStore` is
-the directory. :func:`get_or_build` is the protocol (look up, lock, look again, build, publish).
+:class:`Store` is the interface; :class:`LocalStore` is the directory, ``roller.cache_redis.RedisStore``
+the store a fleet shares. :func:`get_or_build` is the protocol (look up, lock, look again, build, publish).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -41,7 +42,7 @@ from typing import Any, Callable, Mapping
 
 from .errors import RollerError
 
-CACHE_ENV = "ROLLER_CACHE"            # a directory (a redis:// URL is for a later store)
+CACHE_ENV = "ROLLER_CACHE"            # a directory, or redis://host:port/db (roller.cache_redis)
 SIZE_ENV = "ROLLER_CACHE_SIZE"        # bytes, or 512M / 2GiB
 DEFAULT_MAX_BYTES = 2 << 30
 LOCK_TIMEOUT_SECONDS = 900.0          # past this, build without the cache rather than wait forever
@@ -181,6 +182,19 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def report_json(report: Mapping) -> bytes:
+    """A report as stored (the same bytes in every store: its checksum travels with it)."""
+    return (json.dumps(report, indent=1) + "\n").encode()
+
+
+def entry_meta(key: str, lib_bytes: bytes, report_bytes: bytes, parts: Mapping) -> dict:
+    """An entry's meta.json: the library's file name (by its checksum), both checksums, size, origin."""
+    lib_sha = _sha256(lib_bytes)
+    return {"schema": SCHEMA, "key": key, "library": f"{lib_sha[:16]}.so", "library_sha256": lib_sha,
+            "report_sha256": _sha256(report_bytes), "bytes": len(lib_bytes) + len(report_bytes),
+            "created": time.time(), "parts": dict(parts)}
+
+
 def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -253,14 +267,14 @@ class LocalStore(Store):
         return CachedKernel(key=key, library=str(lib), report=report)
 
     def put(self, key: str, library: str | os.PathLike, report: Mapping, parts: Mapping) -> CachedKernel:
+        return self.put_bytes(key, Path(library).read_bytes(), report, parts)
+
+    def put_bytes(self, key: str, lib_bytes: bytes, report: Mapping, parts: Mapping) -> CachedKernel:
+        """:meth:`put` of a library given as bytes (a copy fetched from a shared store)."""
         self._ensure()
         self._sweep_tmp()
-        lib_bytes = Path(library).read_bytes()
-        report_bytes = (json.dumps(report, indent=1) + "\n").encode()
-        lib_sha = _sha256(lib_bytes)
-        meta = {"schema": SCHEMA, "key": key, "library": f"{lib_sha[:16]}.so", "library_sha256": lib_sha,
-                "report_sha256": _sha256(report_bytes), "bytes": len(lib_bytes) + len(report_bytes),
-                "created": time.time(), "parts": dict(parts)}
+        report_bytes = report_json(report)
+        meta = entry_meta(key, lib_bytes, report_bytes, parts)
         tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self._tmp))
         try:
             _write_synced(tmp / meta["library"], lib_bytes)
@@ -418,12 +432,65 @@ def max_bytes_from_env() -> int:
     return n
 
 
+_STORES: dict[tuple, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
 def open_store(root: str | os.PathLike | None = None) -> Store:
-    """The kernel store: ``root``, or the default (see :func:`default_root`)."""
+    """The kernel store: ``root``, or what ``$ROLLER_CACHE`` says: a directory, or a ``redis://`` URL
+    (roller.cache_redis: Redis shared by a fleet, with this machine's default root as its local copy).
+    One store per setting and process, so that a Redis connection and its state (down: warned once)
+    last between builds."""
     env = os.environ.get(CACHE_ENV, "")
-    if root is None and "://" in env:
-        warn(f"{CACHE_ENV}={env}: only local directory caches exist so far; using {default_root()}")
-    return LocalStore(root if root is not None else default_root(), max_bytes_from_env())
+    url = env if root is None and "://" in env else None
+    local_root = Path(root) if root is not None else default_root()
+    ident = (url, str(local_root), max_bytes_from_env())
+    with _STORES_LOCK:
+        store = _STORES.get(ident)
+        if store is None:
+            store = _STORES[ident] = _open(url, LocalStore(local_root, ident[2]))
+        return store
+
+
+def _open(url: str | None, local: LocalStore) -> Store:
+    if url is None:
+        return local
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        warn(f"{CACHE_ENV}={url}: not a directory nor a redis:// URL; using the local cache {local.location}")
+        return local
+    try:
+        from .cache_redis import RedisStore
+        return RedisStore(url, local)
+    except ImportError:
+        warn(f"{CACHE_ENV}={url}: the redis client is not installed (pip install redis); using the local "
+             f"cache {local.location}")
+    except ValueError as e:  # a malformed URL
+        warn(f"{CACHE_ENV}={url}: {e}; using the local cache {local.location}")
+    return local
+
+
+def _read(store: Store, key: str, load: Callable[[CachedKernel], Any]) -> tuple[bool, Any, str | None]:
+    """(found, load(entry), None), (False, None, None) when absent, (False, None, why) when unreadable."""
+    try:
+        entry = store.get(key)
+        return (False, None, None) if entry is None else (True, load(entry), None)
+    except CorruptEntry as e:
+        return False, None, str(e)
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
+        # passed its checksum but does not load (TVM's errors are RuntimeErrors; a report without a plan)
+        return False, None, f"kernel cache entry {key} does not load ({type(e).__name__}: {e})"
+
+
+def lookup(store: Store, key: str, load: Callable[[CachedKernel], Any]) -> Any | None:
+    """load(the entry of ``key``), or None when the store holds none; an unreadable entry is one
+    warning and None (whoever builds the key next replaces it). Counts a hit, never a miss."""
+    found, value, problem = _read(store, key, load)
+    if problem:
+        warn(f"{problem}; it will be rebuilt")
+        store.record("corrupt")
+    if found:
+        store.record("hit")
+    return value
 
 
 def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tuple[Any, str, dict]],
@@ -440,19 +507,12 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
 
     def lookup() -> tuple[bool, Any]:
         nonlocal warned
-        try:
-            entry = store.get(key)
-            return (False, None) if entry is None else (True, load(entry))
-        except CorruptEntry as e:
-            problem = f"{e}; rebuilding it"
-        except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
-            # passed its checksum but does not load (TVM's errors are RuntimeErrors; a report without a plan)
-            problem = f"kernel cache entry {key} does not load ({type(e).__name__}: {e}); rebuilding it"
-        if not warned:
+        found, value, problem = _read(store, key, load)
+        if problem and not warned:
             warned = True
-            warn(problem)
+            warn(f"{problem}; rebuilding it")
             store.record("corrupt")
-        return False, None
+        return found, value
 
     found, value = lookup()
     if found:

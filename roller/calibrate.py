@@ -14,6 +14,7 @@ File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, ``bandwidth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -149,6 +150,34 @@ def save_calibration(device: Device, data: Mapping, path: str | os.PathLike | No
 
 # ---------------------------------------------------------------------------------------------
 # Measuring.
+
+MEASURE_LOCK_SECONDS = 900.0  # how long a calibration waits for another one on this machine
+
+
+@contextlib.contextmanager
+def measuring_alone():
+    """Holds this machine's calibration lock (``calibrate.lock`` in :func:`cache_dir`): calibrations run
+    one after the other, each with the cores to itself (two at once measured 30 and 50 GB/s of DRAM
+    bandwidth against 55 alone, and the last to save won). Says so on stderr when it has to wait."""
+    from filelock import FileLock, Timeout
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(folder / "calibrate.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"roller: waiting for another calibration on this machine to end ({folder / 'calibrate.lock'})",
+              file=sys.stderr)
+        try:
+            lock.acquire(timeout=MEASURE_LOCK_SECONDS)
+        except Timeout:
+            raise CalibrationError(f"another calibration has held {folder / 'calibrate.lock'} for over "
+                                   f"{MEASURE_LOCK_SECONDS:g} s; wait for it or delete the lock file") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 def _run_worker(plan: dict, progress: bool) -> dict:
     """Runs microbench.runner in a fresh process with the plan's thread count; its result dict."""
@@ -352,8 +381,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .device import load_device
 
     device = load_device(args.device, calibrated=False)
-    cal = run_calibration(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
-    path = save_calibration(device, cal, args.out)
+    with measuring_alone():
+        cal = run_calibration(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
+        path = save_calibration(device, cal, args.out)
     if args.json:
         out = {"device": cal["device"], "fingerprint": cal["fingerprint"], "path": str(path),
                "seconds": cal["seconds"], "threads": cal["threads"], "quick": cal["quick"],

@@ -11,9 +11,11 @@ import contextlib
 import math
 import multiprocessing
 import os
+import select
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -132,27 +134,44 @@ def _build_in_worker(func_json: str, expr: Expr, program: dict | None, device: D
     try:
         import tvm
 
-        from .tvmutil import target_for
-
         t0 = time.perf_counter()  # compile time, without the worker's one-time imports
         if hook is not None:
             hook(index, program)
         func = tvm.ir.load_json(func_json)  # JSON, not TVMScript: the parser reads float literals as float32
-        if program is None:
-            mod = tvm.IRModule({"main": func})
-        else:
-            from .codegen import schedule
-            mod = schedule(func, expr, RProgram.from_dict(program), device, notes).mod
-        ex = tvm.compile(mod, target_for(device))
         path = os.path.join(out_dir, f"cand{index}.so")
-        ex.export_library(path)
+        compile_plan(func, expr, None if program is None else RProgram.from_dict(program), device, path, notes)
         return path, time.perf_counter() - t0, None, tuple(notes)
     except Exception as e:  # reported per candidate; the caller turns all-failed into BuildError
-        text = str(e).strip()
-        # TVM errors print the whole IR first; the reason is on the last lines.
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        short = " | ".join(lines[-2:]) if len(lines) > 2 else " ".join(lines)
-        return None, None, f"{type(e).__name__}: {short}", tuple(notes)
+        return None, None, _short_error(e), tuple(notes)
+
+
+def _short_error(e: Exception) -> str:
+    """The exception's type and last two lines: TVM errors print the whole IR first, the reason last."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    short = " | ".join(lines[-2:]) if len(lines) > 2 else " ".join(lines)
+    return f"{type(e).__name__}: {short}"
+
+
+def compile_plan(func, expr: Expr, program: RProgram | None, device: Device, path: str,
+                 notes: list[str]) -> str:
+    """Schedules ``func`` by ``program`` (None: leaves it unscheduled), compiles it for ``device`` and
+    exports the library to ``path``; schedule steps that did not apply are appended to ``notes``."""
+    import tvm
+
+    from .tvmutil import target_for
+
+    if program is None:
+        mod = tvm.IRModule({"main": func})
+    else:
+        from .codegen import schedule
+        mod = schedule(func, expr, program, device, notes).mod
+    tvm.compile(mod, target_for(device)).export_library(path)
+    return path
+
+
+_MAIN_LOCK = threading.Lock()
+_main_hiders = 0                      # threads inside _main_module_hidden; the first hides, the last restores
+_main_saved: dict = {}
 
 
 @contextlib.contextmanager
@@ -162,20 +181,32 @@ def _main_module_hidden():
     multiprocessing's spawn and forkserver workers import the parent's ``__main__`` (by path or module
     name) before running anything; a user script that calls roller at top level, without the
     ``if __name__ == "__main__"`` guard, would then build again inside every worker. The workers only
-    run roller's own functions, so they are started with the main module's origin hidden.
+    run roller's own functions, so they are started with the main module's origin hidden. Threads that
+    start workers at once share one hiding (counted under a lock): none restores the origin while
+    another still starts a worker.
     """
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    global _main_hiders, _main_saved
+    with _MAIN_LOCK:
+        if _main_hiders == 0:
+            main = sys.modules.get("__main__")
+            _main_saved = {k: main.__dict__[k] for k in ("__file__", "__spec__")
+                           if main is not None and k in main.__dict__}
+            for k in _main_saved:
+                if k == "__spec__":
+                    main.__spec__ = None
+                else:
+                    del main.__dict__[k]
+        _main_hiders += 1
     try:
-        for k in saved:
-            if k == "__spec__":
-                main.__spec__ = None
-            else:
-                del main.__dict__[k]
         yield
     finally:
-        for k, v in saved.items():
-            main.__dict__[k] = v
+        with _MAIN_LOCK:
+            _main_hiders -= 1
+            if _main_hiders == 0:
+                main = sys.modules.get("__main__")
+                for k, v in _main_saved.items():
+                    main.__dict__[k] = v
+                _main_saved = {}
 
 
 def _context():
@@ -197,7 +228,30 @@ def warm_up() -> None:
 
 
 def _new_pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    return ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_end_with,
+                               initargs=(os.getpid(),))
+
+
+def _end_with(pid: int) -> None:
+    """Worker initializer: the worker exits when process ``pid`` (the one that made its pool) has ended.
+    A worker forked by the forkserver otherwise outlives a caller that was killed or crashed, forever,
+    and keeps the forkserver alive too (it holds the server's liveness pipe)."""
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)  # readable when the process ends (Linux 5.3+); immune to pid reuse
+            select.select([fd], [], [])
+        except (AttributeError, OSError):
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    continue
+        os._exit(1)
+
+    threading.Thread(target=watch, name="roller-end-with-caller", daemon=True).start()
 
 
 def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
@@ -264,6 +318,24 @@ def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], 
                 pool = _new_pool(workers)
     finally:
         _stop_workers(pool) if inflight else pool.shutdown(wait=True, cancel_futures=True)
+    return results
+
+
+def _build_here(func, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
+                progress) -> dict[int, tuple[str | None, float | None, str | None, tuple[str, ...]]]:
+    """_build_all's results, compiled one after the other in this thread."""
+    results = {}
+    for idx, prog in jobs:
+        notes: list[str] = []
+        t0 = time.perf_counter()
+        try:
+            path = compile_plan(func, expr, None if prog is None else RProgram.from_dict(prog), device,
+                                os.path.join(out_dir, f"cand{idx}.so"), notes)
+            results[idx] = (path, time.perf_counter() - t0, None, tuple(notes))
+        except Exception as e:  # reported per candidate, as from a worker
+            results[idx] = (None, None, _short_error(e), tuple(notes))
+        if progress is not None:
+            progress.update(1)
     return results
 
 
@@ -364,7 +436,7 @@ def _time_all(modules: dict, dev, args) -> dict[int, float]:
 def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inputs: Sequence[np.ndarray],
             reference: np.ndarray | None = None, rtol: float | None = None, atol: float | None = None,
             progress: bool = True, time_kernels: bool = True, build_budget: float | None = BUILD_BUDGET_SECONDS,
-            _worker_hook: Callable | None = None) -> ProfileResult:
+            in_process: bool = False, _worker_hook: Callable | None = None) -> ProfileResult:
     """Builds ``programs`` in worker processes, verifies each against ``reference`` (or, if None, the
     output of the unscheduled ``func``), times the verified ones and keeps the fastest.
 
@@ -373,6 +445,8 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     every candidate's failure when none builds and verifies. With ``time_kernels=False`` nothing is
     timed and the first verified candidate wins. Candidates whose build has not started after
     ``build_budget`` seconds of building are skipped (their error says so; None: no limit).
+    ``in_process`` compiles in this thread instead of worker processes (no worker to start: the JIT's
+    first tier; a TVM crash then ends this process, and the budget does not apply).
     ``_worker_hook(index, program_dict)`` runs
     in the worker before each build (tests use it to crash a worker).
     """
@@ -399,7 +473,10 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         jobs: list[tuple[int, dict | None]] = [(i, p.to_dict()) for i, p in enumerate(programs)]
         if reference is None:
             jobs.append((-1, None))  # the unscheduled function gives the reference
-        built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar, build_budget)
+        if in_process:
+            built = _build_here(func, expr, jobs, device, tmp, bar)
+        else:
+            built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar, build_budget)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

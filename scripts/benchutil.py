@@ -146,3 +146,18 @@ def _openblas_corename() -> str | None:
                 return fn().decode()
     return None
 
+
+
+# ---------------------------------------------------------------------------------------------
+# A function with a symbolic dimension (scripts/serve_sim.py, scripts/bucket_cost.py)
+
+def dynamic_linear(k: int, n: int):
+    """A linear layer Y[seq, n] = A[seq, k] x W[k, n] whose sequence length ``seq`` is symbolic (a PrimFunc)."""
+    from tvm import te
+
+    seq = te.var("seq")
+    a = te.placeholder((seq, k), name="A")
+    w = te.placeholder((k, n), name="W")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((seq, n), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="Y")
+    return te.create_prim_func([a, w, y])

@@ -125,6 +125,34 @@ def test_concurrent_writers_leave_a_valid_file(spec, cache):
     assert not list(path.parent.glob("*.tmp"))
 
 
+def _calibrator(args):
+    """`roller calibrate` in a worker, its measurement replaced by a 0.8 s sleep; returns (start, end)."""
+    import argparse
+    import os
+    import time
+    cache_dir, = args
+    os.environ[C.CACHE_ENV] = cache_dir
+    span = []
+
+    def measure(dev, quick=False, progress=True):
+        span.append(time.time())
+        time.sleep(0.8)
+        span.append(time.time())
+        return fake_calibration(dev)
+
+    C.run_calibration = measure
+    C._print_table = lambda *a: None
+    C.cmd_calibrate(argparse.Namespace(device="x86-avx512", quick=True, json=False, out=None))
+    return tuple(span)
+
+
+def test_calibrations_on_one_machine_run_one_after_the_other(cache):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        spans = sorted(pool.map(_calibrator, [(str(cache),)] * 3))
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # no two measured at once
+
+
 def test_sanity_warnings_name_the_odd_figures(spec):
     def point(gbps):
         return {"read": {"value": gbps}}
