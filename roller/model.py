@@ -15,8 +15,10 @@ Beyond the paper's terms the model charges what the generated code does (``rolle
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
 the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES),
 the lanes of partial sums folded one by one at the write-back (FOLD_CYCLES),
-predicated vector loops at scalar speed, a register tile with too few accumulators below peak, and a
-reduction that cannot keep vector partial sums at scalar speed.
+predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
+reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
+plan inlines (INLINE_CHECK_CYCLES) instead of copying it, and the bandwidth short strided rows lose at the
+top level (the calibrated small-transfer efficiency, ``short_row_bytes``).
 """
 from __future__ import annotations
 

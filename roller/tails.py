@@ -221,10 +221,12 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     a predicated vector axis: the partial vector stays inside the unrolled register tile, and with the
     window's bounds there its lanes load one by one (avg pool 3x3 on 83x83x84, 96-lane register tiles:
     975 us inlined against 312 staged, one thread)."""
-    reg = clamp_tiles(tiling_extents(expr, vector_axis, lanes)[vector_axis], [t[vector_axis] for t in tiles])[0] \
-        if vector_axis is not None else 0
-    if (vector_axis in predicated_axes(expr, tiles, vector_axis, lanes, padded) and reg > lanes):
-        return [()]
     stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded))
-    return [()] + ([stages] if stages else [])
+    if not stages:
+        return [()]
+    if vector_axis in predicated_axes(expr, tiles, vector_axis, lanes, padded):
+        extent = tiling_extents(expr, vector_axis, lanes)[vector_axis]
+        if clamp_tiles(extent, [t[vector_axis] for t in tiles])[0] > lanes:
+            return [()]
+    return [(), stages]
 
