@@ -220,11 +220,18 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     (its padded copy re-indexes the stage's output), nor where the register tile holds several vectors of
     a predicated vector axis: the partial vector stays inside the unrolled register tile, and with the
     window's bounds there its lanes load one by one (avg pool 3x3 on 83x83x84, 96-lane register tiles:
-    975 us inlined against 312 staged, one thread)."""
+    975 us inlined against 312 staged, one thread). Nor where the plan predicates an axis of the window
+    besides the vector axis: lowering then splits the loops on the window's bounds too, and the copies
+    multiply (depthwise 5x5 on 83x83x42, tails on h, w and c: 30 s to compile inlined, 5.5 s staged;
+    the kernel 160 against 176 us)."""
     stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded))
     if not stages:
         return [()]
-    if vector_axis in predicated_axes(expr, tiles, vector_axis, lanes, padded):
+    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
+    windowed = {a for t in expr.inputs if t.name in stages for a in t.axes}
+    if set(predicated) & windowed - {vector_axis}:
+        return [()]
+    if vector_axis in predicated:
         extent = tiling_extents(expr, vector_axis, lanes)[vector_axis]
         if clamp_tiles(extent, [t[vector_axis] for t in tiles])[0] > lanes:
             return [()]

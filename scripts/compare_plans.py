@@ -1,0 +1,129 @@
+"""Times a few plans of one operator against each other and PyTorch, tightly alternated in one process.
+
+The tool for "is the model's ranking right here?": it builds the constructed plans you name (by rank),
+optionally edited (tile sizes per level, or a layout field), checks each against numpy and times them in
+turn with PyTorch (when it imports). On a machine other work is loading, time on one thread
+(``TVM_NUM_THREADS=1``; PyTorch is set to the same count) with ``--cpu-time``: each call is measured in
+this thread's CPU seconds, so the other work shifts every implementation alike.
+
+    python scripts/compare_plans.py depthwise_conv2d N=1,H=83,W=83,C=42,R=5,S=5,pad=2 0 1 "0:inlined=" \\
+        "2:c=16,32,48"
+    TVM_NUM_THREADS=1 python scripts/compare_plans.py pool2d N=1,H=83,W=83,C=84,R=3,S=3,pad=1 --options kind=avg \\
+        0 "0:inlined=pad_temp" --cpu-time
+
+A plan is ``RANK`` or ``RANK:EDIT;EDIT...``; an edit is ``AXIS=SIZE,SIZE,...`` (one size per memory level,
+nearest compute first) or ``FIELD=NAME+NAME`` for ``padded``, ``predicated``, ``packed`` or ``inlined``
+(empty: none). An edited plan keeps the model's prediction of the original (printed as ``pred``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+LIST_FIELDS = ("padded", "predicated", "packed", "inlined")
+
+
+def pairs(text: str, integer: bool) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"cannot parse {item!r}: write KEY=VALUE pairs separated by commas")
+        out[key] = int(value) if integer else value
+    return out
+
+
+def edited(program, spec: str):
+    """The plan ``program`` with the edits of ``spec`` (see the module docstring) applied."""
+    tiles = [dict(t) for t in program.tiles]
+    fields = {}
+    for item in filter(None, spec.split(";")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"cannot parse the edit {item!r}: write AXIS=SIZE,... or FIELD=NAME+NAME")
+        if key in LIST_FIELDS:
+            fields[key] = tuple(filter(None, value.split("+")))
+            continue
+        sizes = [int(s) for s in value.split(",")]
+        if key not in tiles[0] or len(sizes) != len(tiles):
+            raise SystemExit(f"{key}={value}: name an axis of {sorted(tiles[0])} and give {len(tiles)} sizes")
+        for level, size in zip(tiles, sizes):
+            level[key] = size
+    return dataclasses.replace(program, tiles=tuple(tiles), **fields)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("op")
+    ap.add_argument("shape", help="K=V,... as for roller build")
+    ap.add_argument("plans", nargs="+", help="RANK or RANK:EDIT;EDIT (see the module docstring)")
+    ap.add_argument("--options", default="", help="string options, e.g. kind=avg or layout=nt")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--cpu-time", action="store_true", help="measure this thread's CPU time (one thread)")
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+
+    import numpy as np
+    import tvm
+
+    import roller
+    from roller import ops
+    from roller.api import analyze
+    from roller.codegen import build
+    from roller.profile import TOLERANCE
+
+    from benchutil import peers
+
+    device = roller.load_device()
+    spec = ops.OPS[args.op].with_options(**pairs(args.options, False))
+    shape = spec.full_shape(pairs(args.shape, True))
+    expr, func = analyze(spec.make(shape))
+    ranked = roller.construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1).programs
+    arrays = spec.inputs(shape, "float32", np.random.default_rng(1))
+    reference = spec.reference(arrays, shape)
+    rtol, atol = TOLERANCE["float32"]
+    impls = []
+    for text in args.plans:
+        rank, _, edits = text.partition(":")
+        program = edited(ranked[int(rank)], edits)
+        t0 = time.perf_counter()
+        kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
+        tensors = [tvm.runtime.tensor(a) for a in arrays]
+        tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
+        kernel(*tensors)
+        np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=text)
+        print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred "
+              f"{ranked[int(rank)].predicted_seconds * 1e6:.1f} us; " + program.describe().replace("\n", " | "))
+        impls.append((text, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
+    if not args.no_torch:
+        try:
+            import torch
+            torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS", device.units.count)))
+        except ImportError:
+            pass
+        impls += [(p.name, p.run) for p in peers(args.op, shape, arrays, reference.shape, spec.option_values)
+                  if p.name == "torch"]
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    times: dict[str, list[float]] = {name: [] for name, _ in impls}
+    for _ in range(args.rounds):
+        for name, fn in impls:
+            start, calls = clock(), 0
+            while clock() - start < 0.02:  # warm-up, and the number of calls for ~20 ms
+                fn()
+                calls += 1
+            start = clock()
+            for _ in range(calls):
+                fn()
+            times[name].append((clock() - start) / calls)
+    for name, values in times.items():
+        print(f"{name:40s} {statistics.median(values) * 1e6:10.1f} us")
+
+
+if __name__ == "__main__":
+    main()
