@@ -29,16 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 LIST_FIELDS = ("padded", "predicated", "packed", "inlined")
 
 
-def pairs(text: str, integer: bool) -> dict:
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"cannot parse {item!r}: write KEY=VALUE pairs separated by commas")
-        out[key] = int(value) if integer else value
-    return out
-
-
 def edited(program, spec: str):
     """The plan ``program`` with the edits of ``spec`` (see the module docstring) applied."""
     tiles = [dict(t) for t in program.tiles]
@@ -78,11 +68,12 @@ def main() -> None:
     from roller.codegen import build
     from roller.profile import TOLERANCE
 
+    from bench_suite import _pairs
     from benchutil import peers
 
     device = roller.load_device()
-    spec = ops.OPS[args.op].with_options(**pairs(args.options, False))
-    shape = spec.full_shape(pairs(args.shape, True))
+    spec = ops.OPS[args.op].with_options(**_pairs(args.options, "--options", False))
+    shape = spec.full_shape(_pairs(args.shape, "shape", True))
     expr, func = analyze(spec.make(shape))
     ranked = roller.construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1).programs
     arrays = spec.inputs(shape, "float32", np.random.default_rng(1))
