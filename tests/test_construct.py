@@ -254,3 +254,23 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     assert strided == pytest.approx(64 * 64 * 6 * (1 / 0.5 - 1))  # 64 rows of 64 B per tile, 6 tiles, at 50%
     assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
     assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
+
+
+def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
+    from roller.expr import REDUCE, SPATIAL, Axis, Expr
+    from roller.rtile import packing
+    from policy_exprs import acc
+    # depthwise 5x5 on 83x83x42 (the padding stage read in place): a top tile over all 42 channels stages
+    # rows of 42 floats; with 16 lanes they are padded to 48 so that every vector load starts on a line
+    axes = (Axis("h", 83, SPATIAL), Axis("w", 83, SPATIAL), Axis("c", 42, SPATIAL),
+            Axis("r", 5, REDUCE), Axis("s", 5, REDUCE))
+    x = acc("X", (87, 87, 42), {"h": 1, "r": 1}, {"w": 1, "s": 1}, {"c": 1})
+    wt = acc("Wt", (5, 5, 42), {"r": 1}, {"s": 1}, {"c": 1})
+    e = Expr("dw", axes, (x, wt), acc("Y", (83, 83, 42), {"h": 1}, {"w": 1}, {"c": 1}), inlinable=("X",))
+    lanes = compute_lanes(e, DEV)
+    assert lanes == 16
+    tile = lambda h, w, c: {"h": h, "w": w, "c": c, "r": 5, "s": 5}
+    tiles = [tile(12, 1, 16), tile(12, 7, 16), tile(12, 84, 48)]
+    assert packing(e, tiles, DEV, "c")[1].get("X") == 6
+    assert "X" not in packing(e, tiles, DEV, "c", inlined=("X",))[1]  # read in place: no copy to pad
+    assert "X" not in packing(e, tiles[:2] + [tile(12, 84, 16)], DEV, "c")[1]  # rows of one whole vector

@@ -325,8 +325,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                       producer, pack_at):
             _parallel_root(sch, producer, lanes, notes, layout)
         else:
-            if t.name in program.packed:
-                _storage_pad(sch, producer, pad_of.get(t.name, 0))
+            _storage_pad(sch, producer, pad_of.get(t.name, 0))
             if not layout or not _block_transpose(sch, producer, layout, lanes):
                 _vectorize_inner(sch, producer, lanes, notes)
 
