@@ -274,3 +274,22 @@ def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
     assert packing(e, tiles, DEV, "c")[1].get("X") == 6
     assert "X" not in packing(e, tiles, DEV, "c", inlined=("X",))[1]  # read in place: no copy to pad
     assert "X" not in packing(e, tiles[:2] + [tile(12, 84, 16)], DEV, "c")[1]  # rows of one whole vector
+
+
+def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on_their_misses():
+    from policy_exprs import cpu_spec
+    from roller.device import device_from_dict
+    from roller.model import UNTRACKED_LINE_CYCLES, cycle_seconds, untracked_stream_seconds
+    spec = cpu_spec()
+    spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
+    dev = device_from_dict(spec, "test")
+    e = conv2d_nhwc(1, 165, 165, 96, 48, 1, 1)  # 1x1: X is [1, 165, 165, 96], a pixel of 384 B
+    top = lambda h, w, c: {"n": 1, "h": h, "w": w, "k": 48, "r": 1, "s": 1, "c": c}
+    # a column of 165 pixels: 165 rows of 384 B, each on its own page; the prefetcher holds 32 of them
+    lines = 165 * 384 // 64
+    expected = lines * (1 - 32 / 165) * UNTRACKED_LINE_CYCLES * cycle_seconds(dev)
+    assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
+    assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
+    assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
+    assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
