@@ -208,8 +208,15 @@ def rank(items: Sequence, seconds, memory_seconds) -> list:
 
 
 def data_source(expr: Expr, device: Device) -> MemoryLevel:
-    """The shared level the operator's data lives in: the first whose usable capacity holds all tensors."""
+    """The level the operator's data lives in between calls: on a CPU its own outermost private cache
+    when each unit's share of all tensors fits in one (a kernel called again on the same tensors, or on
+    the output of the one before, finds them there: 400 KB of rows summed at 141 GB/s, more than twice
+    the 60 GB/s of the shared L3 the model assumed before), else the first shared level whose usable
+    capacity holds them all."""
     total = sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
+    private = device.private_levels
+    if device.kind == "cpu" and private and total <= private[-1].usable_bytes * device.units.count:
+        return private[-1]
     shared = device.shared_levels
     for lv in shared:
         if total <= lv.usable_bytes:

@@ -293,3 +293,11 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
     assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
     assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
+
+
+def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
+    from roller.model import data_source
+    # DEV: 4 units with 1 MiB L2 (half usable); 16 MiB L3
+    assert data_source(reduce_rows(128, 768), DEV).name == "L2"  # 393 KB: every unit's share fits its L2
+    assert data_source(reduce_rows(1024, 1024), DEV).name == "L3"  # 4 MiB: over the L2s' usable 2 MiB
+    assert data_source(reduce_rows(8192, 1024), DEV).name == "DRAM"  # 32 MiB: over L3's
