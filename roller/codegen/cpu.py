@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ..device import Device
 from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import REDUCE, Expr
+from ..ops import LANE_RUN
 from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
 from ..tails import rolled_reduce_axes, tiling_extents
@@ -393,7 +394,8 @@ def _try_rfactor(sch, lane, factor_axis: int):
 
 
 def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
-    """Vectorizes the innermost loop of a copy/write-back block when it is at least one vector long."""
+    """Vectorizes the innermost loop of a copy/write-back block when it is at least one vector long, or in
+    the runs of a stage annotated with ``roller.ops.LANE_RUN``."""
     loops = sch.get_loops(block)
     if not loops:
         return
@@ -406,6 +408,12 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
     if not isinstance(ext, int) and not hasattr(ext, "value"):
         return
     n = int(ext)
+    run = int(sch.get(block).annotations.get(LANE_RUN, 0))
+    if 1 < run < lanes and n % run == 0:  # runs of one element broadcast (see roller.ops.LANE_RUN)
+        if n > run:
+            _, inner = sch.split(inner, [None, run])
+        _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
+        return
     if n >= lanes and n % lanes == 0:
         if n > lanes:
             _, inner = sch.split(inner, [None, lanes])
