@@ -320,3 +320,21 @@ def test_group_replication_is_vectorized_in_runs_of_one_broadcast_element(device
         copy = text[text.index('T.sblock("group_rep")') - 300:text.index('T.sblock("group_rep")')]
         assert f"T.vectorized({kg})" in copy, copy
         run_against_numpy(spec, func, expr, prog, device, shape)
+
+
+@pytest.mark.build
+def test_transposed_pack_goes_in_square_blocks(device):
+    """B of an [N, K] linear layer packed transposed per top tile: 16 x 16 blocks (each source run of 16
+    read for 16 rows at a time), not a run of every row of the tile at once; and the kernel stays right."""
+    spec = ops.OPS["matmul"].with_options(layout="nt")
+    shape = {"M": 40, "N": 96, "K": 64}
+    from roller.api import analyze as api_analyze
+    from roller.construct import construct
+    expr, func = api_analyze(spec.make(shape))
+    prog = next(p for p in construct(expr, device, topk=5).programs if p.layouts.get("B"))
+    text = schedule(func, expr, prog, device).mod.script()
+    copy = text[:text.index('T.sblock("B_global")')].splitlines()[-3:]
+    n_top = prog.tiles[-1]["n"]
+    assert f"T.grid({n_top // 16}, {prog.tiles[-1]['k'] // 16}, 16)" in copy[0], copy  # rows in 16s
+    assert "T.vectorized(16)" in copy[1], copy
+    run_against_numpy(spec, func, expr, prog, device, shape)
