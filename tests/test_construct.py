@@ -301,3 +301,19 @@ def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
     assert data_source(reduce_rows(128, 768), DEV).name == "L2"  # 393 KB: every unit's share fits its L2
     assert data_source(reduce_rows(1024, 1024), DEV).name == "L3"  # 4 MiB: over the L2s' usable 2 MiB
     assert data_source(reduce_rows(8192, 1024), DEV).name == "DRAM"  # 32 MiB: over L3's
+
+
+def test_register_accumulators_stay_in_registers_through_levels_holding_one_register_tile():
+    from roller.model import accumulator_parent
+    e = conv2d_nhwc(1, 42, 42, 168, 168, 1, 1)
+    t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
+    reg = t(21, 1, 16, 1)
+    one, seven, top = t(21, 1, 16, 16), t(21, 7, 16, 16), t(21, 21, 176, 176)
+    # an L1 tile of one register tile: the accumulators live through its reduction chunks, up to the top
+    assert accumulator_parent(e, [reg, one, top], 0) is top
+    assert accumulator_parent(e, [reg, seven, top], 0) is seven  # 7 register tiles: back to memory per chunk
+    assert accumulator_parent(e, [reg, one, t(21, 1, 16, 176)], 0) is None  # one register tile throughout
+    assert accumulator_parent(e, [reg, seven, top], 1) is top and accumulator_parent(e, [reg, seven, top], 2) is None
+    from roller.model import estimate
+    # the model now tells them apart: the 7-tile plan reloads its accumulators 11 times
+    assert estimate(e, [reg, one, top], DEV, "k").seconds < estimate(e, [reg, seven, top], DEV, "k").seconds
