@@ -223,3 +223,19 @@ def _running(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_the_memo_keeps_the_most_recently_used_functions_within_its_bound(cache_root, compiles):
+    jit = JIT(background=0, memo_size=2)
+    k4, k5 = jit(matmul(4), tier="top1"), jit(matmul(5), tier="top1")
+    jit(matmul(4), tier="top1")                 # 4 is now the most recently used: 5 goes first
+    k6 = jit(matmul(6), tier="top1")
+    assert jit.kernels() == 2 and compiles == [(4, "top1"), (5, "top1"), (6, "top1")]
+    assert jit(matmul(4), tier="top1")._slot is k4._slot   # still held: no lookup, no compile
+    again = jit(matmul(5), tier="top1")          # dropped: found in the persistent cache, not compiled
+    assert again._slot is not k5._slot and again.result.report["cache"] == "hit"
+    assert len(compiles) == 3 and jit.kernels() == 2
+    for k, m in ((k4, 4), (k5, 5), (k6, 6), (again, 5)):  # handles of dropped functions keep working
+        check(k, m)
+    with pytest.raises(roller.RollerError, match="memo_size"):
+        JIT(memo_size=0)
