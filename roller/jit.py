@@ -78,9 +78,10 @@ class Kernel:
     (``module["main"]``); when the profiled kernel arrives the handle switches to it, unless it was
     asked for the ``top1`` tier."""
 
-    def __init__(self, slot: _Slot, tier: str):
+    def __init__(self, slot: _Slot, tier: str, served: threading.Event):
         self._slot = slot
         self._tier = tier
+        self._served = served  # the JIT's: set once a kernel of it has run (background work may start)
         self._main = None  # (build, its main function)
 
     @property
@@ -107,12 +108,16 @@ class Kernel:
         main = self._main
         if main is None or main[0] is not result:  # the function is looked up once per build
             main = self._main = (result, result.module["main"])
-        return main[1](*args)
+        out = main[1](*args)
+        if not self._served.is_set():
+            self._served.set()
+        return out
 
     def wait(self, timeout: float | None = None) -> bool:
         """Waits until the background profile has ended (at most ``timeout`` seconds); True if the
         profiled kernel is now in use."""
         if self._tier != "top1":
+            self._served.set()  # the caller wants it now: background work need not wait for a first call
             self._slot.done.wait(timeout)
         return self.tier == "profiled"
 
@@ -198,6 +203,7 @@ class JIT:
         self._lock = threading.Lock()
         self._memo = _Memo(memo_size)  # by top-1 cache key (functions equal once normalized share a slot)
         self._queue: queue.Queue = queue.Queue()
+        self._served = threading.Event()  # a kernel has run: the first response is out
         self._workers: list[threading.Thread] = []
         self._procs: set[subprocess.Popen] = set()
         self._closed = False
@@ -251,12 +257,13 @@ class JIT:
                 slot.queued = True
                 self._start_profile(slot)
         if tier == "profiled":
+            self._served.set()
             if not slot.done.wait(timeout):
                 raise BuildError(f"JIT: the profiled kernel was not ready within {timeout} s; ask for "
                                  f"tier='any' to get the top-1 kernel meanwhile")
             if slot.profiled is None:
                 raise BuildError(f"JIT: the background profile failed: {slot.error}")
-        return Kernel(slot, tier)
+        return Kernel(slot, tier, self._served)
 
     def _model(self, mod, tier: str):
         """The compiled model (:class:`roller.frontend.CompiledModel`, top-1 plans) of a Relax module with
@@ -300,11 +307,15 @@ class JIT:
 
     def _work(self) -> None:
         """A background thread: feeds its build process (`python -m roller.jit`, kept between requests
-        so that TVM is imported and the build server started once) one function at a time."""
+        so that TVM is imported once) one function at a time. Nothing starts before this JIT has served
+        a first response (a kernel has run, or someone waits for a profile): the build process would
+        take the cores from the server's first top-1 compiles."""
         proc = None
         while True:
             slot = self._queue.get()
-            if slot is None:
+            if slot is not None:
+                self._served.wait()
+            if slot is None or self._closed:
                 break
             try:
                 proc = self._profile(slot, proc)
@@ -330,7 +341,7 @@ class JIT:
                 slot.error = "the JIT is closed"
                 return proc
             if proc is None:
-                proc = subprocess.Popen([sys.executable, "-m", "roller.jit"], stdin=subprocess.PIPE,
+                proc = subprocess.Popen([sys.executable, "-c", _BACKGROUND_MAIN], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=_child_env())
                 self._procs.add(proc)
         try:
@@ -373,6 +384,7 @@ class JIT:
             self._closed = True
             procs = list(self._procs)
             workers = list(self._workers)
+        self._served.set()  # (a worker waiting for a first response sees the JIT closed)
         for _ in workers:
             self._queue.put(None)
         for p in procs:  # (a worker thread waiting on one sees it end and ends its request)
@@ -436,10 +448,18 @@ def get(func, device: Device | str | None = None, tier: str = "any", timeout: fl
     return jit(func, tier, timeout)
 
 
+BACKGROUND_NICE = 10  # the background build process's niceness: servers' requests come first
+# The background process: niced before it imports anything (its children inherit it), then this module.
+_BACKGROUND_MAIN = (f"import os; os.nice({BACKGROUND_NICE}); import runpy; "
+                    f"runpy.run_module('roller.jit', run_name='__main__', alter_sys=True)")
+
+
 def _profile_main() -> int:
     """The background build process: builds the profiled tier of each function it is sent (pickled
     requests on stdin) into the kernel cache, and answers each with its key or its error (pickled, on
-    the stdout it started with; anything else printed goes to stderr). Ends at the end of its input."""
+    the stdout it started with; anything else printed goes to stderr). Ends at the end of its input.
+    It compiles the candidates itself, one after the other (no worker processes: it is already apart
+    from the server, a TVM crash ends only it, and the JIT then starts another)."""
     import tvm
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the profile stops its workers
@@ -454,7 +474,7 @@ def _profile_main() -> int:
         try:
             func = tvm.ir.load_json(request["func"])
             result = build(func, request["device"], topk=request["topk"], profile=True,
-                           build_budget=request["build_budget"])
+                           build_budget=request["build_budget"], in_process=True)
             answer = {"cache": result.report["cache"], "key": result.report["cache_key"]}
         except RollerError as e:
             answer = {"error": f"{type(e).__name__}: {e}"}

@@ -153,9 +153,17 @@ def test_a_background_build_process_that_dies_leaves_the_top1_kernel_and_is_repl
 
     jit = JIT(topk=2)
     k = jit(matmul(11))
+    time.sleep(0.5)
+    assert not jit._procs  # nothing runs in the background before a first response
+    check(k, 11)           # ... which this is
     deadline = time.time() + 60
     while not jit._procs and time.time() < deadline:  # the build process has started
         time.sleep(0.01)
+    want = os.getpriority(os.PRIO_PROCESS, 0) + roller.jit.BACKGROUND_NICE
+    for proc in jit._procs:  # below the server's priority (its first statement, once Python has started)
+        while os.getpriority(os.PRIO_PROCESS, proc.pid) != want and time.time() < deadline:
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == want
     with pytest.warns(roller.jit.JITWarning, match="profiling .* failed, its top-1 kernel stays"):
         for proc in list(jit._procs):
             proc.kill()  # as a TVM crash would end it
