@@ -165,8 +165,9 @@ def _by_name(mod, symbols: dict):
             call = super().visit_call_(call)
             if call.op.same_as(call_tir) and call.args[0] in symbols:
                 if len(call.args) == 2:  # no symbolic-shape arguments (tir_vars)
-                    return relax.call_dps_packed(relax.ExternFunc(symbols[call.args[0]]), call.args[1],
-                                                 list(call.ty_args))
+                    out = call.ty_args[0]  # several outputs: a tuple type, given as the list of its fields
+                    outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
+                    return relax.call_dps_packed(relax.ExternFunc(symbols[call.args[0]]), call.args[1], outs)
                 kept.add(call.args[0])
             return call
 
