@@ -172,7 +172,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
              vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = ()) -> RProgram:
     """The plan with every layout choice the generated code depends on (see RProgram)."""
-    packed, pads = packing(expr, tiles, device, vector_axis)
+    packed, pads = packing(expr, tiles, device, vector_axis, inlined)
     layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
     lanes = compute_lanes(expr, device)
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)

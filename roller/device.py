@@ -62,6 +62,8 @@ class ComputeUnits:
     vector_bytes (CPU SIMD register width) or warp_threads (GPU) define the minimum schedulable unit;
     peak_gflops is per unit, by dtype. accumulators_for_peak is how many independent accumulator
     vectors keep the FMA pipes busy (FMA latency x pipes; 1 means the model ignores it).
+    prefetch_streams is how many strided streams (one a 4 KiB page) the unit's hardware prefetcher follows
+    at once (0: unknown, the model assumes it follows every stream).
     """
 
     count: int
@@ -70,6 +72,7 @@ class ComputeUnits:
     warp_threads: int | None = None
     clock_ghz: float | None = None
     accumulators_for_peak: int = 1
+    prefetch_streams: int = 0
     tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # GPU tensor cores, by input dtype
 
     def lanes(self, dtype: str) -> int:
@@ -324,12 +327,13 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
 
     u = top.sub("units")
     u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz", "accumulators_for_peak",
-               "tensor_peak_gflops"})
+               "prefetch_streams", "tensor_peak_gflops"})
     peaks = _peaks(u, "peak_gflops", where)
     units = ComputeUnits(
         count=u.get("count", "int"), peak_gflops=peaks,
         vector_bytes=u.get("vector_bytes", "int", None), warp_threads=u.get("warp_threads", "int", None),
         clock_ghz=u.get("clock_ghz", "float", None), accumulators_for_peak=u.get("accumulators_for_peak", "int", 1),
+        prefetch_streams=u.get("prefetch_streams", "int", 0),
         tensor_peak_gflops=_peaks(u, "tensor_peak_gflops", where) if "tensor_peak_gflops" in u.data else {})
     if (units.vector_bytes is None) == (units.warp_threads is None):
         raise DeviceSpecError(f"{where}: units: give exactly one of vector_bytes (CPU SIMD width) "

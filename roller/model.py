@@ -17,8 +17,9 @@ the top level, transposed packs also at their element rate before the tile's com
 the lanes of partial sums folded one by one at the write-back (FOLD_CYCLES),
 predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
 reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
-plan inlines (INLINE_CHECK_CYCLES) instead of copying it, and the bandwidth short strided rows lose at the
-top level (the calibrated small-transfer efficiency, ``short_row_bytes``).
+plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
+top level (the calibrated small-transfer efficiency, ``short_row_bytes``), and the misses of inputs read
+on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES).
 """
 from __future__ import annotations
 
@@ -147,6 +148,47 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
     return extra
 
 
+# Cycles a line of an input costs, serial with the tile's compute, where the kernel reads it on a stream
+# the hardware prefetcher cannot follow: the top tile reads more strided rows, each on its own page, than
+# the prefetcher tracks (``units.prefetch_streams``), in runs too short (under PREFETCH_RUN_BYTES) for it
+# to pick a stream up within one, so the loads wait on their misses. Fitted on one thread, one A/B process:
+# a 1x1 conv, 165x165x96 -> 48 channels, with top tiles of 165, 45 and 15 rows of 384 B (one pixel each)
+# and otherwise the same loops ran 4.5, 2.6-3.0 and 1.8 ms: ~20 ns (46 cycles at 2.3 GHz) for each of the
+# 163 k input lines, times the share of the streams the prefetcher cannot hold (1 - 32 / rows). A pure
+# read of the same pattern streams at full bandwidth: without compute between them the loads run ahead.
+UNTRACKED_LINE_CYCLES = 46
+PREFETCH_RUN_BYTES = 1024
+PAGE_BYTES = 4096
+
+
+def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
+                             staged: Sequence[str] = ()) -> float:
+    """Seconds one top tile waits on the lines of inputs read on more strided streams than the prefetcher
+    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row."""
+    tracked = device.units.prefetch_streams
+    if not tracked:
+        return 0.0
+    rules = LevelRules.of(device, len(device.private_levels) - 1, expr)
+    lines = 0.0
+    for t in expr.inputs:
+        if t.name in staged or not t.index:
+            continue
+        region = t.region(top)
+        run = 1
+        for d in reversed(range(len(region))):  # contiguous: the whole trailing dimensions and one more
+            run *= region[d]
+            if region[d] < t.shape[d]:
+                break
+        if run * t.elem_bytes >= PREFETCH_RUN_BYTES:
+            continue
+        streams = math.prod(r for d, r in enumerate(region)
+                            if math.prod(t.shape[d + 1:]) * t.elem_bytes >= PAGE_BYTES)
+        if streams > tracked:
+            moved = tensor_footprint(t, top, rules, moved=True) / rules.level.transaction_bytes
+            lines += moved * (1.0 - tracked / streams)
+    return lines * UNTRACKED_LINE_CYCLES * cycle_seconds(device)
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -166,8 +208,15 @@ def rank(items: Sequence, seconds, memory_seconds) -> list:
 
 
 def data_source(expr: Expr, device: Device) -> MemoryLevel:
-    """The shared level the operator's data lives in: the first whose usable capacity holds all tensors."""
+    """The level the operator's data lives in between calls: on a CPU its own outermost private cache
+    when each unit's share of all tensors fits in one (a kernel called again on the same tensors, or on
+    the output of the one before, finds them there: 400 KB of rows summed at 141 GB/s, more than twice
+    the 60 GB/s of the shared L3 the model assumed before), else the first shared level whose usable
+    capacity holds them all."""
     total = sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
+    private = device.private_levels
+    if device.kind == "cpu" and private and total <= private[-1].usable_bytes * device.units.count:
+        return private[-1]
     shared = device.shared_levels
     for lv in shared:
         if total <= lv.usable_bytes:
@@ -262,7 +311,9 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
             bw = min(bw, below.total_bandwidth_gbps / units)
         mem[lv.name] = q / (bw * 1e9)
         traf[lv.name] = q
+    staged = tuple(packed) + tuple(n for n in expr.inlinable if n not in inlined)
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
+             + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
     return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,

@@ -325,6 +325,12 @@ def _zero(dtype: str):
 # 28x28x64 in 16: 68 against 137 us; 8 a group, 28x28x256 in 32: 336 against 254 us, 14x14x512 in 64:
 # 304 against 341 us: from 8 on, the copy costs about what the idle lanes did.
 GROUP_REPLICATE_BELOW = 8
+# Block annotation of a copy stage whose value repeats each element it loads over this many consecutive
+# elements of its innermost axis (group_rep: (k // kg) * cg + c is the same for kg channels in a row).
+# Code generation vectorizes such a stage in runs of that many lanes, each one load broadcast: in whole
+# vectors its non-affine index loaded lane by lane (ResNeXt's 3x3 conv, 56x56x128 in 32 groups of 4,
+# one thread: 1355 us, 571 in runs of 4; PyTorch 910).
+LANE_RUN = "roller.lane_run"
 
 
 def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0,
@@ -362,7 +368,8 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
     cg, kg = C // groups, K // groups
     if kg < GROUP_REPLICATE_BELOW:
         rep = te.compute((N, *(int(d) for d in src.shape[1:3]), cg, K),
-                         lambda n, h, w, c, k: src[n, h, w, (k // kg) * cg + c], name="group_rep")
+                         lambda n, h, w, c, k: src[n, h, w, (k // kg) * cg + c], name="group_rep",
+                         attrs={LANE_RUN: kg})
         conv = te.compute(
             (N, OH, OW, K),
             lambda n, h, w, k: te.sum(_mul_acc(rep[n, h * stride + r * dilation, w * stride + s * dilation, c, k],

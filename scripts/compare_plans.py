@@ -13,7 +13,7 @@ this thread's CPU seconds, so the other work shifts every implementation alike.
 
 A plan is ``RANK`` or ``RANK:EDIT;EDIT...``; an edit is ``AXIS=SIZE,SIZE,...`` (one size per memory level,
 nearest compute first) or ``FIELD=NAME+NAME`` for ``padded``, ``predicated``, ``packed`` or ``inlined``
-(empty: none). An edited plan keeps the model's prediction of the original (printed as ``pred``).
+(empty: none), or ``storage_pad=NAME:ELEMENTS+...`` (row padding of the copies; empty: none). An edited plan keeps the model's prediction of the original (printed as ``pred``).
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def edited(program, spec: str):
             raise SystemExit(f"cannot parse the edit {item!r}: write AXIS=SIZE,... or FIELD=NAME+NAME")
         if key in LIST_FIELDS:
             fields[key] = tuple(filter(None, value.split("+")))
+            continue
+        if key == "storage_pad":
+            fields[key] = {n: int(k) for n, _, k in (p.partition(":") for p in filter(None, value.split("+")))}
             continue
         sizes = [int(s) for s in value.split(",")]
         if key not in tiles[0] or len(sizes) != len(tiles):

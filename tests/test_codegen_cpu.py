@@ -305,3 +305,36 @@ def test_inlined_and_staged_padding_numerics(device, op, shape):
         run_against_numpy(spec, func, expr, dataclasses.replace(prog, inlined=inlined), device, shape)
     with pytest.raises(BuildError, match="inlines the stage"):
         build(func, expr, dataclasses.replace(prog, inlined=("weight",)), device)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shape", [dict(N=1, H=10, W=9, C=32, K=32, R=3, S=3, pad=1, groups=8),   # 4 a group
+                                   dict(N=1, H=7, W=6, C=12, K=18, R=3, S=3, pad=1, groups=6)])  # 2 in, 3 out
+def test_group_replication_is_vectorized_in_runs_of_one_broadcast_element(device, shape):
+    """group_rep's value repeats one input channel over the K/groups output channels of its group: the
+    copy is vectorized in runs of that many lanes (roller.ops.LANE_RUN), and the kernel stays right."""
+    spec, func, expr, plans = constructed("conv2d", shape, device, topk=2)
+    kg = shape["K"] // shape["groups"]
+    for prog in plans:
+        text = schedule(func, expr, prog, device).mod.script()
+        copy = text[text.index('T.sblock("group_rep")') - 300:text.index('T.sblock("group_rep")')]
+        assert f"T.vectorized({kg})" in copy, copy
+        run_against_numpy(spec, func, expr, prog, device, shape)
+
+
+@pytest.mark.build
+def test_transposed_pack_goes_in_square_blocks(device):
+    """B of an [N, K] linear layer packed transposed per top tile: 16 x 16 blocks (each source run of 16
+    read for 16 rows at a time), not a run of every row of the tile at once; and the kernel stays right."""
+    spec = ops.OPS["matmul"].with_options(layout="nt")
+    shape = {"M": 40, "N": 96, "K": 64}
+    from roller.api import analyze as api_analyze
+    from roller.construct import construct
+    expr, func = api_analyze(spec.make(shape))
+    prog = next(p for p in construct(expr, device, topk=5).programs if p.layouts.get("B"))
+    text = schedule(func, expr, prog, device).mod.script()
+    copy = text[:text.index('T.sblock("B_global")')].splitlines()[-3:]
+    n_top = prog.tiles[-1]["n"]
+    assert f"T.grid({n_top // 16}, {prog.tiles[-1]['k'] // 16}, 16)" in copy[0], copy  # rows in 16s
+    assert "T.vectorized(16)" in copy[1], copy
+    run_against_numpy(spec, func, expr, prog, device, shape)

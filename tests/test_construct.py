@@ -254,3 +254,50 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     assert strided == pytest.approx(64 * 64 * 6 * (1 / 0.5 - 1))  # 64 rows of 64 B per tile, 6 tiles, at 50%
     assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
     assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
+
+
+def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
+    from roller.expr import REDUCE, SPATIAL, Axis, Expr
+    from roller.rtile import packing
+    from policy_exprs import acc
+    # depthwise 5x5 on 83x83x42 (the padding stage read in place): a top tile over all 42 channels stages
+    # rows of 42 floats; with 16 lanes they are padded to 48 so that every vector load starts on a line
+    axes = (Axis("h", 83, SPATIAL), Axis("w", 83, SPATIAL), Axis("c", 42, SPATIAL),
+            Axis("r", 5, REDUCE), Axis("s", 5, REDUCE))
+    x = acc("X", (87, 87, 42), {"h": 1, "r": 1}, {"w": 1, "s": 1}, {"c": 1})
+    wt = acc("Wt", (5, 5, 42), {"r": 1}, {"s": 1}, {"c": 1})
+    e = Expr("dw", axes, (x, wt), acc("Y", (83, 83, 42), {"h": 1}, {"w": 1}, {"c": 1}), inlinable=("X",))
+    lanes = compute_lanes(e, DEV)
+    assert lanes == 16
+    tile = lambda h, w, c: {"h": h, "w": w, "c": c, "r": 5, "s": 5}
+    tiles = [tile(12, 1, 16), tile(12, 7, 16), tile(12, 84, 48)]
+    assert packing(e, tiles, DEV, "c")[1].get("X") == 6
+    assert "X" not in packing(e, tiles, DEV, "c", inlined=("X",))[1]  # read in place: no copy to pad
+    assert "X" not in packing(e, tiles[:2] + [tile(12, 84, 16)], DEV, "c")[1]  # rows of one whole vector
+
+
+def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on_their_misses():
+    from policy_exprs import cpu_spec
+    from roller.device import device_from_dict
+    from roller.model import UNTRACKED_LINE_CYCLES, cycle_seconds, untracked_stream_seconds
+    spec = cpu_spec()
+    spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
+    dev = device_from_dict(spec, "test")
+    e = conv2d_nhwc(1, 165, 165, 96, 48, 1, 1)  # 1x1: X is [1, 165, 165, 96], a pixel of 384 B
+    top = lambda h, w, c: {"n": 1, "h": h, "w": w, "k": 48, "r": 1, "s": 1, "c": c}
+    # a column of 165 pixels: 165 rows of 384 B, each on its own page; the prefetcher holds 32 of them
+    lines = 165 * 384 // 64
+    expected = lines * (1 - 32 / 165) * UNTRACKED_LINE_CYCLES * cycle_seconds(dev)
+    assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
+    assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
+    assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
+    assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
+
+
+def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
+    from roller.model import data_source
+    # DEV: 4 units with 1 MiB L2 (half usable); 16 MiB L3
+    assert data_source(reduce_rows(128, 768), DEV).name == "L2"  # 393 KB: every unit's share fits its L2
+    assert data_source(reduce_rows(1024, 1024), DEV).name == "L3"  # 4 MiB: over the L2s' usable 2 MiB
+    assert data_source(reduce_rows(8192, 1024), DEV).name == "DRAM"  # 32 MiB: over L3's

@@ -102,8 +102,8 @@ def _slow_after_index_0(index, program):
 
 
 def test_build_budget_skips_and_stops_slow_candidates(setup):
-    """Past the budget, candidates not started are skipped; those still compiling at twice the budget are
-    stopped; the model's first plan is built, verified and chosen, and the whole profile stays bounded."""
+    """Past the budget, candidates not started are skipped; those still compiling at 1.25x the budget
+    are stopped; the model's first plan is built, verified and chosen, and the whole profile stays bounded."""
     import time
 
     from roller.profile import SKIPPED, STOPPED
