@@ -16,7 +16,6 @@ the scheduled functions into one self-contained library instead (kept as ``stand
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -39,15 +38,13 @@ def function_key(func, device: Device, verify: bool) -> tuple[str, dict]:
     return kcache.kernel_key(func.with_attr("global_symbol", "main"), device, options)
 
 
-def _compile(func, device: Device, directory: str) -> str:
-    """Compiles one PrimFunc (scheduled or not) into ``directory``/kernel.so; returns the path."""
+def _compile(func, device: Device, path: str) -> None:
+    """Compiles one PrimFunc (scheduled or not) into the library ``path``."""
     import tvm
 
     from .tvmutil import target_for
 
-    path = os.path.join(directory, "kernel.so")
     tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target_for(device)).export_library(path)
-    return path
 
 
 def _register(key: str, module) -> str:
@@ -62,66 +59,51 @@ def _register(key: str, module) -> str:
     return name
 
 
-def _kernel(sched, name: str, func, device: Device, store, use_cache: bool) -> tuple[str, Any, Any, Any]:
-    """(cache key, loaded library, scheduled PrimFunc or None, FunctionReport) of one fused function, from the cache
-    or scheduled and compiled (then published); the report's ``cache`` is hit / miss / off."""
+def _kernel(sched, name: str, func, device: Device, store) -> tuple[str, Any, Any, Any]:
+    """(cache key, loaded library, scheduled PrimFunc or None, FunctionReport) of one fused function,
+    from the cache, or scheduled, compiled and published; the report's ``cache`` is hit or miss."""
     import tvm
 
     from . import cache as kcache
     from .api import REPORT_SCHEMA, _log_build
+    from .profile import KernelLibrary, build_root
     from .relax import FunctionReport
 
     key, parts = function_key(func, device, sched.verify)
+    built: list[KernelLibrary] = []
 
     def build():
         t0 = time.perf_counter()
         scheduled, rep = sched.schedule_function(name, func)
-        tmp = tempfile.mkdtemp(prefix="roller-fn-")
-        try:
-            lib = _compile(scheduled if scheduled is not None else func, device, tmp)
-            module = tvm.runtime.load_module(lib)
-            report = {"schema": REPORT_SCHEMA, "kind": REPORT_KIND, "op": name, "device": device.name, "tier": "top1",
-                      "function": rep.to_dict(), "build_seconds": time.perf_counter() - t0,
-                      "scheduled_func": tvm.ir.save_json(scheduled) if scheduled is not None else None}
-            _log_build(report, key if use_cache else None)
-            return (module, report), lib, report, tmp
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        folder = tempfile.mkdtemp(prefix="function-", dir=build_root())
+        built.append(KernelLibrary(path=os.path.join(folder, "kernel.so"), folder=folder))
+        _compile(scheduled if scheduled is not None else func, device, built[-1].path)
+        report = {"schema": REPORT_SCHEMA, "kind": REPORT_KIND, "op": name, "device": device.name, "tier": "top1",
+                  "function": rep.to_dict(), "build_seconds": time.perf_counter() - t0,
+                  "scheduled_func": tvm.ir.save_json(scheduled) if scheduled is not None else None}
+        _log_build(report, key)
+        return (tvm.runtime.load_module(built[-1].path), report), built[-1].path, report
 
     def load(entry):
         return tvm.runtime.load_module(entry.library), entry.report
 
-    if not use_cache:
-        (module, report), _, _, tmp = build()
-        shutil.rmtree(tmp, ignore_errors=True)
-        status = "off"
-    else:
-        tmps = []
-
-        def build_for_cache():
-            value, lib, report, tmp = build()
-            tmps.append(tmp)
-            return value, lib, report
-
-        try:
-            status, (module, report) = kcache.get_or_build(store, key, parts, build_for_cache, load)
-        finally:
-            for t in tmps:  # the library is in the cache now (and loaded): the temp copy goes
-                shutil.rmtree(t, ignore_errors=True)
+    try:
+        status, (module, report) = kcache.get_or_build(store, key, parts, build, load)
+    finally:
+        for lib in built:  # stored in the cache (or not storable) and loaded: this copy goes
+            lib.close()
     rep = FunctionReport(**{k: v for k, v in report["function"].items() if k != "reason"})
     rep.notes, rep.cache, rep.name = tuple(rep.notes), status, name
     scheduled = tvm.ir.load_json(report["scheduled_func"]) if report.get("scheduled_func") else None
     return key, module, scheduled, rep
 
 
-def schedule_and_build(mod, device: Device, verify: bool = False, cache: bool = True):
-    """(executable, per-function reports, standalone module, seconds of the final Relax build) of a legalized and fused Relax module: every
-    fused function from the kernel cache or scheduled and compiled alone (see the module docstring);
-    ``standalone`` is ``mod`` with the scheduled functions in place (compiles into one self-contained
-    library). ``cache=False`` compiles every function afresh and stores nothing."""
+def schedule_and_build(mod, device: Device, verify: bool = False):
+    """(executable, per-function reports, standalone module, seconds of the final Relax build) of a
+    legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
+    compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
+    scheduled functions in place (it compiles into one self-contained library)."""
     import tvm
-    from tvm import relax
 
     from . import cache as kcache
     from .frontend import build_module
@@ -130,14 +112,14 @@ def schedule_and_build(mod, device: Device, verify: bool = False, cache: bool = 
 
     set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool
     sched = ScheduleModule(device, verify=verify)
-    store = kcache.open_store() if cache else None
+    store = kcache.open_store()
     standalone = mod.clone()
     symbols: dict = {}  # GlobalVar -> the registered name its calls use
     reports = []
     for gv, func in sorted(((gv, f) for gv, f in mod.functions_items()
                             if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint):
         t0 = time.perf_counter()
-        key, module, scheduled, rep = _kernel(sched, gv.name_hint, func, device, store, cache)
+        key, module, scheduled, rep = _kernel(sched, gv.name_hint, func, device, store)
         rep.seconds = time.perf_counter() - t0
         reports.append(rep)
         if scheduled is not None:
