@@ -126,13 +126,14 @@ def main() -> int:
                 p.stdin.close()
             except BrokenPipeError:
                 pass
+        runnable = _runnable_samples(start, 3.0)  # the machine while first responses are being served
         codes = [p.wait() for p in procs]
         if any(codes):
             print(f"serve_sim: a server process failed (exit codes {codes})", file=sys.stderr)
             return 1
         results = [json.load(open(os.path.join(root, f"w{i}.json"))) for i in range(args.procs)]
         builds = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
-        return report(args, results, builds)
+        return report(args, results, builds, runnable)
     finally:
         if server is not None:
             server.kill()
@@ -140,7 +141,23 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def report(args, results: list[dict], builds: list[dict]) -> int:
+def _runnable_samples(start: float, seconds: float) -> list[int]:
+    """The machine's runnable tasks (/proc/loadavg), every 50 ms from ``start`` for ``seconds``: how many
+    share the cores with the first requests (this script's processes included)."""
+    while time.time() < start:
+        time.sleep(0.005)
+    out = []
+    while time.time() < start + seconds:
+        try:
+            with open("/proc/loadavg") as f:
+                out.append(int(f.read().split()[3].split("/")[0]) - 1)  # less this sampler
+        except (OSError, ValueError, IndexError):
+            break
+        time.sleep(0.05)
+    return out
+
+
+def report(args, results: list[dict], builds: list[dict], runnable: list[int] = ()) -> int:
     reqs = [r for res in results for r in res["requests"]]
     first = [res["requests"][0]["done"] for res in results if res["requests"]]
     all_ms = [r["seconds"] * 1e3 for r in reqs]
@@ -151,6 +168,9 @@ def report(args, results: list[dict], builds: list[dict]) -> int:
     pids = {res["pid"] for res in results}
     where = "Redis (each process a machine with its own local root)" if args.redis else "one cache directory"
     print(f"machine load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if runnable:
+        print(f"runnable tasks on the machine in the first 3 s (every 50 ms, these {args.procs} servers included): "
+              f"median {statistics.median(runnable):g}, max {max(runnable)}, on {os.cpu_count()} CPUs")
     print(f"serve_sim: {args.procs} processes x {args.seconds:g} s, linear [seq, {args.k}] x [{args.k}, {args.n}], "
           f"seq uniform in 1..{args.max_seq}, {args.gap * 1e3:g} ms between a process's requests, shared cache: "
           f"{where}; background tier: top-{args.topk} profiled")
