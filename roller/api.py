@@ -54,7 +54,8 @@ class BuildResult:
     expr: Expr
     device: Device
     profile: Any = field(default=None, repr=False)
-    library: str | None = None  # the kernel's shared library (a temp file, or the cache entry's)
+    library: str | None = None  # the kernel's shared library: the cache entry's, or this build's own
+    _owned: Any = field(default=None, repr=False)  # this build's own library (a profile.KernelLibrary)
 
     def save(self, directory) -> dict[str, str]:
         """Writes ``<op>.so`` (the kernel library) and ``<op>.json`` (the report) into ``directory``;
@@ -62,12 +63,26 @@ class BuildResult:
         from .output import save_build
         return save_build(self, directory)
 
+    def close(self) -> None:
+        """Deletes this build's own copy of its library (built with ``cache=False``; a cache entry's stays:
+        the cache owns it). The module keeps working; :meth:`save` no longer can. Left open, the copy
+        goes when the process exits."""
+        if self._owned is not None:
+            self._owned.close()
+
+    def _adopt(self, entry) -> "BuildResult":
+        """Points at the cache entry this build was published as, and deletes its own copy."""
+        owned, self._owned, self.library = self._owned, None, entry.library
+        if owned is not None:
+            owned.close()
+        return self
+
 
 def build(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
           inputs: Sequence[np.ndarray] | None = None, reference: np.ndarray | None = None,
           progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None,
           build_budget: float | None = BUILD_BUDGET_SECONDS, cache: bool = True,
-          options: Mapping[str, str] | None = None) -> BuildResult:
+          options: Mapping[str, str] | None = None, in_process: bool | None = None) -> BuildResult:
     """Constructs, builds and verifies a kernel for ``func``.
 
     With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
@@ -80,6 +95,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     ``$ROLLER_CACHE``) when this function was built before for the same device and options; it was
     verified when it was built and is not checked again. Otherwise it is built and stored. The report's
     ``cache`` is "hit", "miss" or "off". ``name``, ``shape`` and ``options`` label the report.
+    ``in_process`` compiles the plans in this thread instead of worker processes (default: only the
+    top-1 tier does; the JIT's background process, already apart from the server, profiles so too).
 
     On a GPU device the top-``topk`` plans are compiled offline and checked against its limits, and the
     chosen schedule's OpenCL twin against numpy (``roller.gpu_build``: a GpuBuildResult; nothing is timed
@@ -89,7 +106,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
         from .profile import check_inputs
         check_inputs(analyze(func)[1], inputs)
     return _build(func, device, topk, profile, lambda: (inputs, reference), progress, name, shape, build_budget,
-                  cache, options)
+                  cache, options, in_process=in_process)
 
 
 def _prepare(func, device, name, shape, options, dtype) -> tuple[Device, Expr, Any, dict]:
@@ -178,7 +195,8 @@ def _log_build(report: Mapping, key: str | None) -> None:
 
 
 def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
-           build_budget: float | None, cache: bool, options, dtype: str | None = None) -> BuildResult:
+           build_budget: float | None, cache: bool, options, dtype: str | None = None,
+           in_process: bool | None = None) -> BuildResult:
     """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
@@ -191,7 +209,8 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
 
     def compile_() -> BuildResult:
         inputs, reference = check()
-        result = _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0)
+        result = _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0,
+                                 in_process=not profile if in_process is None else in_process)
         _log_build(result.report, key)
         return result
 
@@ -211,25 +230,26 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
         stored = dict(result.report, program=result.program.to_dict(), cache_options=opts)
         return result, result.library, stored
 
-    status, result = kcache.get_or_build(store, key, parts, build_and_describe, _loader(dev, expr, labels, t0))
+    status, result = kcache.get_or_build(store, key, parts, build_and_describe, _loader(dev, expr, labels, t0),
+                                         published=BuildResult._adopt)
     result.report.update(cache=status, cache_key=key, cache_options=opts)
     return result
 
 
 def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inputs, reference, progress: bool,
-                    build_budget: float | None, labels: Mapping, t0: float) -> BuildResult:
-    """Constructs the plans of an analysed function, builds, checks and times them (see build). The
-    profiled tier builds in worker processes; the top-1 tier compiles its one plan in this thread."""
+                    build_budget: float | None, labels: Mapping, t0: float, in_process: bool = False) -> BuildResult:
+    """Constructs the plans of an analysed function, builds, checks and times them (see build), in
+    worker processes or (``in_process``) in this thread."""
     from .profile import profile as _profile, warm_up
 
-    if profile:
+    if not in_process:
         warm_up()
     cons = _construct(expr, dev, topk if profile else 1)
     programs = list(cons.programs if profile else cons.programs[:1])
     if inputs is None:
         inputs = random_inputs(norm)
     prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile,
-                    build_budget=build_budget, in_process=not profile)
+                    build_budget=build_budget, in_process=in_process)
     best = prof.best
     program = programs[best]
     kernel_s = prof.candidates[best].measured_seconds if profile else None
@@ -254,7 +274,7 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
         "candidates": [_candidate_report(p, c) for p, c in zip(programs, prof.candidates)],
     }
     return BuildResult(module=prof.module, program=program, report=report, expr=expr, device=dev, profile=prof,
-                       library=prof.lib_path)
+                       library=prof.lib_path, _owned=prof.library)
 
 
 def _candidate_report(p: RProgram, c) -> dict:

@@ -494,8 +494,11 @@ def lookup(store: Store, key: str, load: Callable[[CachedKernel], Any]) -> Any |
 
 
 def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tuple[Any, str, dict]],
-                 load: Callable[[CachedKernel], Any]) -> tuple[str, Any]:
+                 load: Callable[[CachedKernel], Any],
+                 published: Callable[[Any, CachedKernel], Any] | None = None) -> tuple[str, Any]:
     """("hit", load(entry)) or ("miss", the value of build()); never fails because of the cache.
+    ``published(value, entry)``, once the built value is stored, gives the value returned (its library
+    can then be the entry's, the cache its owner).
 
     ``build()`` returns (value, library path, report); its library and report are published under
     ``key`` while the key's lock is held, so concurrent callers of the same key compile once: the
@@ -533,11 +536,12 @@ def get_or_build(store: Store, key: str, parts: Mapping, build: Callable[[], tup
         store.record("miss")
         value, library, report = build()
         try:
-            store.put(key, library, report, parts)
+            entry = store.put(key, library, report, parts)
         except (OSError, TypeError, ValueError) as e:  # full disk, read-only folder, a report JSON cannot hold
             warn(f"kernel cache {store.location}: cannot store {key} ({type(e).__name__}: {e}); "
                  f"the kernel is not cached")
-        return "miss", value
+            return "miss", value
+        return "miss", value if published is None else published(value, entry)
     finally:
         lock.release()
 

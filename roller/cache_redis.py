@@ -47,6 +47,7 @@ class RedisStore(Store):
         self.location = f"{url} (local copy {local.location})"
         self._errors = (redis.exceptions.RedisError, OSError)
         self.LockError = redis.exceptions.LockError  # a lock that expired: Redis itself is fine
+        self._timeout = timeout
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                            health_check_interval=0)
         self._down_until = 0.0
@@ -71,7 +72,8 @@ class RedisStore(Store):
             first = self.url not in _warned
             _warned.add(self.url)
         if first:
-            warn(f"kernel cache {self.url} is unreachable ({type(error).__name__}: {error}); using the local "
+            warn(f"kernel cache {self.url} is unreachable or slower than {self._timeout:g} s "
+                 f"({type(error).__name__}: {error}); using the local "
                  f"cache {self.local.location} (warned once; Redis is retried every {RETRY_SECONDS:g} s)")
 
     @staticmethod

@@ -77,6 +77,8 @@ def validate_calibration(data: Any, device: Device | None = None) -> str | None:
     for dt, v in peaks.items():
         if not _positive(v):
             return f"peak_gflops.{dt} is {v!r}, expected a positive number"
+    if data.get("clock_ghz") is not None and not _positive(data["clock_ghz"]):
+        return f"clock_ghz is {data['clock_ghz']!r}, expected a positive number (or none)"
     bws = data.get("bandwidth_gbps")
     if not isinstance(bws, Mapping):
         return "bandwidth_gbps is missing"
@@ -294,6 +296,7 @@ def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 2), "quick": plan["quick"], "tvm_version": raw["tvm_version"],
         "target": raw["target"], "threads": plan["threads"],
+        "clock_ghz": device.units.clock_ghz,  # the model's clock from now on: a fleet sharing this file shares it
         "peak_gflops": peaks,
         "peak_gflops_one": {dt: p["one"]["value"] for dt, p in measured.items()},
         "peak_gflops_all": {dt: p["all"]["value"] for dt, p in measured.items()},

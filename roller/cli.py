@@ -160,7 +160,7 @@ def cmd_compile(args) -> int:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
                                 layout=args.layout, fast_math=not args.exact_math, verify=args.verify,
-                                profile_budget=args.profile_budget or None)
+                                profile_budget=args.profile_budget or None, cache=not args.no_cache)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -183,7 +183,8 @@ def _print_compile(r: dict) -> None:
         why = f" [{f['reason'][:100]}]" if f["scheduled_by"] != "roller" and f["reason"] else ""
         same = f" (same as {f['reused']})" if f["reused"] else ""
         prof = f" [{f['profiled']}]" if f.get("profiled") else ""
-        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{same}{why}{prof}")
+        cached = f" (cache {f['cache']})" if f.get("cache") else ""
+        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{cached}{same}{why}{prof}")
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
@@ -402,6 +403,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="keep erf/exp/tanh/softmax exact (default: TVM's fast approximations, within ~1e-7)")
     c.add_argument("--verify", action="store_true",
                    help="check each scheduled function against TVM's unscheduled build (falls back if wrong)")
+    c.add_argument("--no-cache", action="store_true",
+                   help="with --no-profile: compile the model whole, neither reading nor writing the kernel "
+                        "cache (default: each fused function from the cache, or compiled alone into it)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--out", metavar="DIR", help="write the model library (relax.VirtualMachine) and the report")
     c.set_defaults(func=cmd_compile)

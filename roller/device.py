@@ -192,7 +192,9 @@ class Device:
         """A copy whose peaks and bandwidths are replaced by measured ones.
 
         ``calibration`` has ``peak_gflops`` (dtype → per-unit GFLOP/s) and ``bandwidth_gbps``
-        (level → {"unit": GB/s, "total": GB/s}); levels or dtypes it lacks keep datasheet values.
+        (level → {"unit": GB/s, "total": GB/s}); levels or dtypes it lacks keep datasheet values. Its
+        ``clock_ghz`` (the clock when it was measured; older files have none) replaces the spec's, so
+        that machines sharing one calibration file share every figure of the model.
         """
         peaks = dict(self.units.peak_gflops)
         for dt, v in (calibration.get("peak_gflops") or {}).items():
@@ -205,7 +207,8 @@ class Device:
                 lv = dataclasses.replace(lv, bandwidth_gbps=float(m.get("unit", lv.bandwidth_gbps)),
                                          total_bandwidth_gbps=float(m.get("total", lv.total_bandwidth_gbps)))
             levels.append(lv)
-        return dataclasses.replace(self, units=dataclasses.replace(self.units, peak_gflops=peaks),
+        clock = calibration.get("clock_ghz") or self.units.clock_ghz
+        return dataclasses.replace(self, units=dataclasses.replace(self.units, peak_gflops=peaks, clock_ghz=clock),
                                    levels=tuple(levels), calibration=dict(calibration))
 
     def to_dict(self) -> dict:

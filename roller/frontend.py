@@ -52,6 +52,9 @@ class CompiledModel:
     inputs: dict[str, tuple[tuple[int, ...], str]]
     report: list
     seconds: dict[str, float] = field(default_factory=dict)  # import, legalize, schedule, build, total
+    # when ``executable`` calls kernels of the kernel cache by name (roller.model_cache): the module with
+    # every scheduled function in place, which export compiles into one self-contained library
+    standalone: Any = field(default=None, repr=False)
     _vm: Any = field(default=None, repr=False)
 
     @property
@@ -97,7 +100,9 @@ class CompiledModel:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         lib = out / f"{self.name}.so"
-        self.executable.export_library(str(lib))
+        from .tvmutil import target_for
+        ex = self.executable if self.standalone is None else build_module(self.standalone, target_for(self.device))
+        ex.export_library(str(lib))
         rep = out / f"{self.name}.json"
         rep.write_text(json.dumps(self.to_dict(), indent=2))
         return {"library": str(lib), "report": str(rep)}
@@ -320,7 +325,7 @@ def build_module(mod, target):
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
                   profile: bool = False, topk: int = 10, name: str | None = None,
                   layout: str = "NHWC", fast_math: bool = True, verify: bool = False,
-                  profile_budget: float | None = PROFILE_BUDGET_SECONDS) -> CompiledModel:
+                  profile_budget: float | None = PROFILE_BUDGET_SECONDS, cache: bool = True) -> CompiledModel:
     """Compiles a whole model for ``device`` (default: this machine).
 
     ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
@@ -332,6 +337,11 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     of their top-``topk`` plans, timed, instead of the model's first plan, the largest predicted share of
     the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
     function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
+
+    Without ``profile`` and with ``cache`` (the default) every fused function comes from the persistent
+    kernel cache, or is scheduled, compiled alone and stored there (:mod:`roller.model_cache`): a second
+    process compiling the same model, or another model sharing functions, loads them instead. The
+    report's ``cache`` says per function "hit" or "miss" (None on the other paths).
     """
     import tvm
 
@@ -356,14 +366,22 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     mod = legalize_and_fuse(mod, target, layout, fast_math)
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
-    sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget)
-    mod = sched(mod)
-    seconds["schedule"] = time.perf_counter() - t
-    t = time.perf_counter()
-    ex = build_module(mod, target)
-    seconds["build"] = time.perf_counter() - t
+    standalone = None
+    if cache and not profile:  # every function from the kernel cache or compiled alone into it
+        from .model_cache import schedule_and_build
+        ex, report, standalone, seconds["build"] = schedule_and_build(mod, dev, verify)
+        seconds["schedule"] = time.perf_counter() - t - seconds["build"]
+    else:
+        sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget)
+        mod = sched(mod)
+        report = sched.report
+        seconds["schedule"] = time.perf_counter() - t
+        t = time.perf_counter()
+        ex = build_module(mod, target)
+        seconds["build"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
-    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=sched.report, seconds=seconds)
+    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=report, seconds=seconds,
+                         standalone=standalone)
 
 
 # ---------------------------------------------------------------------------------------------

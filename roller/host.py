@@ -7,6 +7,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 from pathlib import Path
 
 from .device import Device, load_spec_file, shipped_specs
@@ -70,14 +71,23 @@ def sysfs_caches(root: Path = _SYSFS_CACHE) -> dict[str, dict]:
     return out
 
 
-def _clock_ghz(info: dict[str, str]) -> float | None:
-    """The highest clock the kernel reports (cpufreq), else the nominal one of /proc/cpuinfo."""
+_MAX_FREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+
+
+def _clock_ghz(info: dict[str, str], max_freq: Path = _MAX_FREQ) -> float | None:
+    """A clock that stays put between processes and identical machines (it enters the model, and so the
+    kernel cache's key): the highest the kernel reports (cpufreq), else the nominal one in the model name
+    ("... @ 2.30GHz"), else /proc/cpuinfo's current "cpu MHz" rounded to 0.1 GHz (it moves with the load
+    where the frequency scales: a calibration file, which records the clock, pins it; see README)."""
     try:
-        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+        return int(max_freq.read_text()) / 1e6
     except (OSError, ValueError):
         pass
+    nominal = re.search(r"@\s*([0-9.]+)\s*GHz", info.get("model name", ""))
+    if nominal:
+        return float(nominal.group(1))
     try:
-        return float(info["cpu MHz"]) / 1000.0
+        return round(float(info["cpu MHz"]) / 1000.0, 1)
     except (KeyError, ValueError):
         return None
 

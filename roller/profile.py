@@ -7,6 +7,7 @@ PrimFunc as TVMScript text, the Expr and Device as frozen dataclasses, the RProg
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import multiprocessing
@@ -19,7 +20,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -72,17 +73,77 @@ class CandidateResult:
         return f"candidate {self.index}: {self.measured_seconds * 1e3:.3f} ms"
 
 
+_BUILD_ROOT: dict[int, str] = {}  # pid -> this process's build folder
+_BUILD_ROOT_LOCK = threading.Lock()
+BUILD_ROOT_PREFIX = "roller-builds-"
+
+
+def build_root() -> str:
+    """This process's folder for the libraries it compiles (``roller-builds-<pid>`` in the temp dir):
+    removed when the process exits normally; folders of processes that no longer run are removed when
+    another process makes its own."""
+    pid = os.getpid()
+    with _BUILD_ROOT_LOCK:
+        root = _BUILD_ROOT.get(pid)
+        if root is None:
+            base = Path(tempfile.gettempdir())
+            for old in base.glob(f"{BUILD_ROOT_PREFIX}*"):
+                other = old.name[len(BUILD_ROOT_PREFIX):]
+                if other.isdigit() and int(other) != pid and not _alive(int(other)):
+                    shutil.rmtree(old, ignore_errors=True)
+            root = str(base / f"{BUILD_ROOT_PREFIX}{pid}")
+            os.makedirs(root, exist_ok=True)
+            _BUILD_ROOT[pid] = root
+            atexit.register(_remove_build_root, pid, root)
+        return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_build_root(pid: int, root: str) -> None:
+    if os.getpid() == pid:  # never from a forked child that inherited the handler
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class KernelLibrary:
+    """A compiled kernel's shared library, owned by whoever holds this object: :meth:`close` deletes its
+    folder (a module already loaded from it keeps working). A library never closed goes with its
+    process's :func:`build_root` at exit."""
+
+    path: str
+    folder: str
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @property
+    def closed(self) -> bool:
+        return not os.path.exists(self.path)
+
+
 @dataclass
 class ProfileResult:
     """Outcome of :func:`profile`. ``module`` is the best kernel's loaded runtime module (call it, or
-    ``module["main"]``, on tvm tensors); its library stays in a temp dir until :meth:`save` or
-    :meth:`cleanup` (also run when the result is garbage-collected)."""
+    ``module["main"]``, on tvm tensors); ``library`` its shared library, which the caller owns
+    (:meth:`save` copies it, :meth:`cleanup` deletes it)."""
 
     candidates: list[CandidateResult]
     best: int | None
     module: object | None
-    lib_path: str | None
-    _tmpdir: str | None = field(default=None, repr=False)
+    library: KernelLibrary | None
+
+    @property
+    def lib_path(self) -> str | None:
+        return None if self.library is None else self.library.path
 
     @property
     def measured_seconds(self) -> list[float | None]:
@@ -115,13 +176,9 @@ class ProfileResult:
         return dst
 
     def cleanup(self) -> None:
-        """Removes the temp dir of the best library (the loaded module stays usable)."""
-        if self._tmpdir:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
-
-    def __del__(self):
-        self.cleanup()
+        """Deletes the best kernel's library (the loaded module stays usable)."""
+        if self.library is not None:
+            self.library.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,10 +383,18 @@ def _build_all(func_json: str, expr: Expr, jobs: list[tuple[int, dict | None]], 
 
 
 def _build_here(func, expr: Expr, jobs: list[tuple[int, dict | None]], device: Device, out_dir: str,
-                progress) -> dict[int, tuple[str | None, float | None, str | None, tuple[str, ...]]]:
-    """_build_all's results, compiled one after the other in this thread."""
+                progress, budget: float | None = None
+                ) -> dict[int, tuple[str | None, float | None, str | None, tuple[str, ...]]]:
+    """_build_all's results, compiled one after the other in this thread; with a ``budget``, jobs not
+    started when it is spent are skipped (never the first, nor the reference: index -1). A running
+    compile cannot be stopped here."""
     results = {}
+    protected = {-1, jobs[0][0]} if jobs else {-1}
+    t_start = time.perf_counter()
     for idx, prog in jobs:
+        if budget is not None and idx not in protected and time.perf_counter() - t_start >= budget:
+            results[idx] = (None, None, SKIPPED, ())
+            continue
         notes: list[str] = []
         t0 = time.perf_counter()
         try:
@@ -450,7 +515,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     timed and the first verified candidate wins. Candidates whose build has not started after
     ``build_budget`` seconds of building are skipped (their error says so; None: no limit).
     ``in_process`` compiles in this thread instead of worker processes (no worker to start: the JIT's
-    first tier; a TVM crash then ends this process, and the budget does not apply).
+    tiers; a TVM crash then ends this process, and a candidate already compiling is not stopped).
     ``_worker_hook(index, program_dict)`` runs
     in the worker before each build (tests use it to crash a worker).
     """
@@ -467,7 +532,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
     rtol = rt if rtol is None else rtol
     atol = at if atol is None else atol
 
-    tmp = tempfile.mkdtemp(prefix="roller-profile-")
+    tmp = tempfile.mkdtemp(prefix="profile-", dir=build_root())
     bar = None
     if progress:
         from tqdm import tqdm
@@ -478,7 +543,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         if reference is None:
             jobs.append((-1, None))  # the unscheduled function gives the reference
         if in_process:
-            built = _build_here(func, expr, jobs, device, tmp, bar)
+            built = _build_here(func, expr, jobs, device, tmp, bar, build_budget)
         else:
             built = _build_all(tvm.ir.save_json(func), expr, jobs, device, tmp, _worker_hook, bar, build_budget)
     except BaseException:
@@ -537,11 +602,12 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
                          f"(first: {cands[0].summary()}; all of them with --debug)",
                          details="\n".join(c.summary() for c in cands))
     best = min(timed, key=lambda c: c.measured_seconds) if time_kernels else timed[0]
-    # keep only the best library; the rest of the temp dir goes now
-    keep = tempfile.mkdtemp(prefix="roller-kernel-")
+    # keep only the best library, in a folder of its own the caller owns; the rest goes now
+    keep = tempfile.mkdtemp(prefix="kernel-", dir=build_root())
     lib = os.path.join(keep, "kernel.so")
     shutil.move(best.lib_path, lib)
     shutil.rmtree(tmp, ignore_errors=True)
     for c in cands:
         c.lib_path = lib if c is best else None
-    return ProfileResult(candidates=cands, best=best.index, module=modules[best.index], lib_path=lib, _tmpdir=keep)
+    return ProfileResult(candidates=cands, best=best.index, module=modules[best.index],
+                         library=KernelLibrary(path=lib, folder=keep))

@@ -57,6 +57,7 @@ class FunctionReport:
     plan: dict | None = None
     notes: tuple[str, ...] = ()
     profiled: str | None = None  # with profiling: what it chose, or why the first plan stayed
+    cache: str | None = None     # through the kernel cache (roller.model_cache): "hit", "miss" or "off"
 
     @property
     def reason(self) -> str | None:
@@ -66,7 +67,8 @@ class FunctionReport:
     def to_dict(self) -> dict:
         return {"name": self.name, "scheduled_by": self.scheduled_by, "seconds": self.seconds,
                 "reason": self.reason, "declined": dict(self.declined), "reused": self.reused,
-                "plan": self.plan, "notes": list(self.notes), "profiled": self.profiled}
+                "plan": self.plan, "notes": list(self.notes), "profiled": self.profiled,
+                "cache": self.cache}
 
 
 class Rule:
@@ -334,28 +336,32 @@ class ScheduleModule:
                 if scheduled is not None:
                     mod[gv] = scheduled
                 continue
-            declined: dict[str, str] = {}
-            scheduled, by, rule_used = None, "none", None
-            for rule in self.rules:
-                sch, why = rule.attempt(func, self.device)
-                if sch is not None and self.verify:
-                    why = check_schedule(func, sch.mod["main"], self.device)
-                    sch = None if why else sch
-                if sch is not None:
-                    scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
-                    by, rule_used = rule.name, rule
-                    break
-                declined[rule.name] = why
-            seconds = time.perf_counter() - t0
-            self.report.append(FunctionReport(gv.name_hint, by, seconds, declined,
-                                              plan=rule_used.plan if rule_used is not None else None,
-                                              notes=rule_used.notes if rule_used is not None else ()))
+            scheduled, rep = self.schedule_function(gv.name_hint, func)
+            rep.seconds = time.perf_counter() - t0
+            self.report.append(rep)
             done.setdefault(key, []).append((func, scheduled, gv.name_hint))
             if scheduled is not None:
                 mod[gv] = scheduled
         if self.profile:
             self._profile(mod, dict(items))
         return mod
+
+    def schedule_function(self, name: str, func):
+        """(the function scheduled by the first rule that applies and marked ``tirx.is_scheduled``, or
+        None when none does; its :class:`FunctionReport`, ``seconds`` included)."""
+        t0 = time.perf_counter()
+        declined: dict[str, str] = {}
+        for rule in self.rules:
+            sch, why = rule.attempt(func, self.device)
+            if sch is not None and self.verify:
+                why = check_schedule(func, sch.mod["main"], self.device)
+                sch = None if why else sch
+            if sch is not None:
+                return (sch.mod["main"].with_attr(SCHEDULED_ATTR, True),
+                        FunctionReport(name, rule.name, time.perf_counter() - t0, declined, plan=rule.plan,
+                                       notes=rule.notes))
+            declined[rule.name] = why
+        return None, FunctionReport(name, "none", time.perf_counter() - t0, declined)
 
     def _profile(self, mod, originals: dict) -> None:
         """Re-schedules roller's functions with their profiled plans, the largest share of the model's

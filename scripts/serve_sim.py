@@ -30,36 +30,46 @@ import time
 
 
 def worker(args) -> int:
-    """One server process: serves until the deadline, writes its measurements as JSON to --out."""
+    """One server process: sets up (imports, its JIT, the dynamic layer), says "ready" on stdout, waits for
+    the common start time on stdin, serves until the deadline, writes its measurements as JSON to --out."""
+    setup = {}
+    t, c = time.perf_counter(), time.process_time()
     import numpy as np
     import tvm
 
     from benchutil import dynamic_linear
     from roller.jit import JIT
+    setup.update(import_seconds=time.perf_counter() - t, import_cpu=time.process_time() - c)
 
+    t, c = time.perf_counter(), time.process_time()
     jit = JIT(topk=args.topk, background=1)
     rng = np.random.default_rng(1000 + args.index)
     weight = np.random.default_rng(0).uniform(-1, 1, (args.k, args.n)).astype("float32")
     weight_tvm = tvm.runtime.tensor(weight)
-    while time.time() < args.start:  # every process is past its imports: they begin together
+    dyn = jit.dynamic(dynamic_linear(args.k, args.n))  # the model's load: its padding probe runs here
+    setup.update(load_seconds=time.perf_counter() - t, load_cpu=time.process_time() - c)
+    print("ready", flush=True)
+    start = float(sys.stdin.readline())
+    while time.time() < start:  # every process is set up: they begin together
         time.sleep(0.002)
-    dyn = jit.dynamic(dynamic_linear(args.k, args.n))
     requests = []
-    while time.time() < args.start + args.seconds:
+    while time.time() < start + args.seconds:
         m = int(rng.integers(1, args.max_seq + 1))
         x = rng.uniform(-1, 1, (m, args.k)).astype("float32")
         held = dyn.kernels()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = dyn(x, weight_tvm)
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - c
         bucket = dyn.buckets({"seq": m})
-        tier = dyn.kernel(bucket).tier
+        kernel = dyn.kernel(bucket)
         np.testing.assert_allclose(out, x @ weight, rtol=1e-3, atol=1e-3)
-        requests.append({"seq": m, "seconds": seconds, "done": time.time() - args.start, "tier": tier,
-                         "new_kernel": dyn.kernels() > held})
+        requests.append({"seq": m, "seconds": seconds, "cpu": cpu, "done": time.time() - start,
+                         "tier": kernel.tier, "new_kernel": dyn.kernels() > held,
+                         "cache": kernel.result.report.get("cache"),
+                         "build_seconds": kernel.result.report.get("build_seconds")})
         time.sleep(args.gap)
     result = {"index": args.index, "requests": requests, "kernels": dyn.kernels(), "pid": os.getpid(),
-              "profiled_held": sum(dyn.kernel(dict(k)).tier == "profiled" for k in dyn._kernels)}
+              "profiled_held": sum(dyn.kernel(dict(k)).tier == "profiled" for k in dyn._kernels), **setup}
     jit.close()
     with open(args.out, "w") as f:
         json.dump(result, f)
@@ -83,7 +93,6 @@ def main() -> int:
     ap.add_argument("--redis", action="store_true", help="processes as machines sharing a redis-server")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -100,21 +109,31 @@ def main() -> int:
     else:
         env["ROLLER_CACHE"] = os.path.join(root, "cache")
     try:
-        start = time.time() + 6.0  # past every process's imports (~2 s each, 2 cores)
         procs = []
         for i in range(args.procs):
             penv = dict(env, ROLLER_CACHE_DIR=os.path.join(root, f"machine{i}")) if args.redis else env
-            cmd = [sys.executable, __file__, "--worker", "--index", str(i), "--start", str(start),
+            cmd = [sys.executable, __file__, "--worker", "--index", str(i),
                    "--out", os.path.join(root, f"w{i}.json")] + [
                 f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("seconds", "max_seq", "k", "n", "topk", "gap")]
-            procs.append(subprocess.Popen(cmd, env=penv))
+            procs.append(subprocess.Popen(cmd, env=penv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for p in procs:  # every process set up (or dead: its exit code says so below)
+            while p.stdout.readline() not in ("ready\n", ""):
+                pass
+        start = time.time() + 0.2
+        for p in procs:
+            try:
+                p.stdin.write(f"{start}\n")
+                p.stdin.close()
+            except BrokenPipeError:
+                pass
+        runnable = _runnable_samples(start, 3.0)  # the machine while first responses are being served
         codes = [p.wait() for p in procs]
         if any(codes):
             print(f"serve_sim: a server process failed (exit codes {codes})", file=sys.stderr)
             return 1
         results = [json.load(open(os.path.join(root, f"w{i}.json"))) for i in range(args.procs)]
         builds = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
-        return report(args, results, builds)
+        return report(args, results, builds, runnable)
     finally:
         if server is not None:
             server.kill()
@@ -122,7 +141,23 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def report(args, results: list[dict], builds: list[dict]) -> int:
+def _runnable_samples(start: float, seconds: float) -> list[int]:
+    """The machine's runnable tasks (/proc/loadavg), every 50 ms from ``start`` for ``seconds``: how many
+    share the cores with the first requests (this script's processes included)."""
+    while time.time() < start:
+        time.sleep(0.005)
+    out = []
+    while time.time() < start + seconds:
+        try:
+            with open("/proc/loadavg") as f:
+                out.append(int(f.read().split()[3].split("/")[0]) - 1)  # less this sampler
+        except (OSError, ValueError, IndexError):
+            break
+        time.sleep(0.05)
+    return out
+
+
+def report(args, results: list[dict], builds: list[dict], runnable: list[int] = ()) -> int:
     reqs = [r for res in results for r in res["requests"]]
     first = [res["requests"][0]["done"] for res in results if res["requests"]]
     all_ms = [r["seconds"] * 1e3 for r in reqs]
@@ -132,13 +167,26 @@ def report(args, results: list[dict], builds: list[dict]) -> int:
     by_tier = collections.Counter(b["tier"] for b in builds)
     pids = {res["pid"] for res in results}
     where = "Redis (each process a machine with its own local root)" if args.redis else "one cache directory"
+    print(f"machine load average (1, 5, 15 min) at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if runnable:
+        print(f"runnable tasks on the machine in the first 3 s (every 50 ms, these {args.procs} servers included): "
+              f"median {statistics.median(runnable):g}, max {max(runnable)}, on {os.cpu_count()} CPUs")
     print(f"serve_sim: {args.procs} processes x {args.seconds:g} s, linear [seq, {args.k}] x [{args.k}, {args.n}], "
           f"seq uniform in 1..{args.max_seq}, {args.gap * 1e3:g} ms between a process's requests, shared cache: "
           f"{where}; background tier: top-{args.topk} profiled")
     print(f"requests: {len(reqs)}, all checked against numpy; served by top1 {tiers['top1']}, "
           f"profiled {tiers['profiled']}")
-    print(f"time to first response (from the common start): min {min(first):.2f} s, median "
+    print(f"time to first response (from the common start, every process set up): min {min(first):.2f} s, median "
           f"{statistics.median(first):.2f} s, max {max(first):.2f} s")
+    print("  per process, wall seconds (this process's CPU seconds): set-up before the start (imports; the "
+          "JIT and the dynamic layer with its padding probe), then the first request, with how its kernel "
+          "came (hit or miss, and its build or load seconds: a hit's include any wait for the key's lock)")
+    for res in results:
+        if res["requests"]:
+            r = res["requests"][0]
+            print(f"    process {res['index']}: imports {res['import_seconds']:.2f} ({res['import_cpu']:.2f}), "
+                  f"load {res['load_seconds']:.2f} ({res['load_cpu']:.2f}); first request {r['seconds']:.2f} "
+                  f"({r['cpu']:.2f}), {r['cache']} {r['build_seconds'] or 0:.2f}, answered at {r['done']:.2f}")
     print(f"latency, all requests: p50 {pct(all_ms, 50):.2f} ms, p99 {pct(all_ms, 99):.2f} ms, max {max(all_ms):.1f} ms")
     if held_ms:
         print(f"latency, bucket kernel already held: p50 {pct(held_ms, 50):.2f} ms, p99 {pct(held_ms, 99):.2f} ms "

@@ -117,6 +117,35 @@ def test_key_covers_function_device_and_options():
     assert parts["code"].startswith(f"roller {roller.__version__}+") and "tvm 0.27" in parts["code"]
 
 
+def test_identical_machines_sharing_a_calibration_file_share_keys(tmp_path):
+    """What varies between identical machines (or processes) stays out of the device digest once they
+    share one calibration file: the clock comes from it. What changes the code stays in."""
+    import dataclasses
+
+    from roller.host import _clock_ghz
+
+    nowhere = tmp_path / "no-cpufreq"
+    assert _clock_ghz({"model name": "Intel(R) Xeon(R) Gold 6140 CPU @ 2.30GHz", "cpu MHz": "3012.5"}, nowhere) == 2.3
+    assert _clock_ghz({"model name": "Intel(R) Xeon(R) Processor", "cpu MHz": "2312.4"}, nowhere) == 2.3
+
+    base = roller.load_device("x86-avx512", calibrated=False)
+    cal = {"peak_gflops": {"float32": 190.0}, "bandwidth_gbps": {"L3": {"unit": 30.0, "total": 60.0}},
+           "clock_ghz": 2.3, "created": "2026-11-24T19:01:10+00:00"}
+
+    def machine(clock, calibration=cal, **target):
+        units = dataclasses.replace(base.units, clock_ghz=clock)
+        dev = dataclasses.replace(base, units=units, target=dict(base.target, **target))
+        return dev.with_calibration(calibration)
+
+    one = kc.device_digest(machine(2.31))
+    assert kc.device_digest(machine(2.44)) == one            # a clock read at another moment
+    assert kc.device_digest(machine(2.31, mattr=["+avx512vnni"])) != one               # other code
+    assert kc.device_digest(machine(2.31, dict(cal, peak_gflops={"float32": 150.0}))) != one  # other figures
+    assert kc.device_digest(machine(2.31, dict(cal, clock_ghz=2.0))) != one           # the model's clock
+    old_file = {k: v for k, v in cal.items() if k != "clock_ghz"}  # (files written before it was recorded)
+    assert kc.device_digest(machine(2.31, old_file)) != kc.device_digest(machine(2.44, old_file))
+
+
 # ---------------------------------------------------------------------------------------------
 # Many processes, many threads, SIGKILL.
 

@@ -101,6 +101,37 @@ def test_redis_killed_mid_run_serves_from_the_local_store_with_one_warning(redis
     assert len(about) == 1 and "unreachable" in about[0] and "using the local cache" in about[0], about
 
 
+def test_a_slow_redis_serves_from_the_local_store_with_one_warning(redis_url, tmp_path, monkeypatch):
+    """Redis up but not answering (CLIENT PAUSE from a second client: every command waits 20 s): the
+    request that meets it gives up after the client's timeout (1 s), warns once, and is served locally;
+    the next ones do not wait for Redis at all."""
+    import redis
+
+    from roller.cache_redis import REDIS_TIMEOUT_SECONDS
+
+    url, _ = redis_url
+    _machine(monkeypatch, url, tmp_path / "a")
+    admin = redis.Redis.from_url(url)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert roller.build_op(OP, SHAPE, profile=False).report["cache"] == "miss"  # published to Redis too
+        admin.execute_command("CLIENT", "PAUSE", 20000, "ALL")  # (ends by itself: no client can unpause)
+        t0 = time.monotonic()
+        slow = roller.build_op(OP, {"M": 4, "N": 37}, profile=False)  # meets the paused Redis
+        waited = time.monotonic() - t0
+        results = [slow,
+                   roller.build_op(OP, SHAPE, profile=False),                 # in the local copy
+                   roller.build_op(OP, {"M": 4, "N": 37}, profile=False),
+                   roller.build_op(OP, {"M": 3, "N": 37}, profile=False)]     # Redis left alone now
+    assert waited < 15, waited  # bounded by the client's timeout and a compile, not by the 20 s pause
+    assert REDIS_TIMEOUT_SECONDS <= 1.0
+    assert [r.report["cache"] for r in results] == ["miss", "hit", "hit", "miss"]
+    for r, m in zip(results, (4, 5, 4, 3)):
+        check_numpy(r.module, shape={"M": m, "N": 37})
+    about = [str(w.message) for w in seen if issubclass(w.category, kc.CacheWarning)]
+    assert len(about) == 1 and "unreachable" in about[0] and "TimeoutError" in about[0], about
+
+
 def test_redis_never_there_builds_locally_with_one_warning(tmp_path, monkeypatch):
     pytest.importorskip("redis", reason="the redis client is not installed: pip install redis")
     _machine(monkeypatch, f"redis://127.0.0.1:{_free_port()}/0", tmp_path / "a")  # nothing listens there

@@ -153,9 +153,17 @@ def test_a_background_build_process_that_dies_leaves_the_top1_kernel_and_is_repl
 
     jit = JIT(topk=2)
     k = jit(matmul(11))
+    time.sleep(0.5)
+    assert not jit._procs  # nothing runs in the background before a first response
+    check(k, 11)           # ... which this is
     deadline = time.time() + 60
     while not jit._procs and time.time() < deadline:  # the build process has started
         time.sleep(0.01)
+    want = os.getpriority(os.PRIO_PROCESS, 0) + roller.jit.BACKGROUND_NICE
+    for proc in jit._procs:  # below the server's priority (its first statement, once Python has started)
+        while os.getpriority(os.PRIO_PROCESS, proc.pid) != want and time.time() < deadline:
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == want
     with pytest.warns(roller.jit.JITWarning, match="profiling .* failed, its top-1 kernel stays"):
         for proc in list(jit._procs):
             proc.kill()  # as a TVM crash would end it
@@ -223,3 +231,19 @@ def _running(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_the_memo_keeps_the_most_recently_used_functions_within_its_bound(cache_root, compiles):
+    jit = JIT(background=0, memo_size=2)
+    k4, k5 = jit(matmul(4), tier="top1"), jit(matmul(5), tier="top1")
+    jit(matmul(4), tier="top1")                 # 4 is now the most recently used: 5 goes first
+    k6 = jit(matmul(6), tier="top1")
+    assert jit.kernels() == 2 and compiles == [(4, "top1"), (5, "top1"), (6, "top1")]
+    assert jit(matmul(4), tier="top1")._slot is k4._slot   # still held: no lookup, no compile
+    again = jit(matmul(5), tier="top1")          # dropped: found in the persistent cache, not compiled
+    assert again._slot is not k5._slot and again.result.report["cache"] == "hit"
+    assert len(compiles) == 3 and jit.kernels() == 2
+    for k, m in ((k4, 4), (k5, 5), (k6, 6), (again, 5)):  # handles of dropped functions keep working
+        check(k, m)
+    with pytest.raises(roller.RollerError, match="memo_size"):
+        JIT(memo_size=0)

@@ -73,9 +73,9 @@ def test_reference_from_unscheduled_function_and_save(setup, tmp_path):
     assert res.best in (0, 1) and all(res.verified)
     path = res.save(tmp_path)
     assert path.exists() and path.stat().st_size > 0
-    tmp = res._tmpdir
+    tmp = res.library.folder
     res.cleanup()
-    assert not os.path.exists(tmp)
+    assert not os.path.exists(tmp) and res.library.closed
     import tvm
     d = tvm.cpu()
     out = tvm.runtime.tensor(_fill_sentinel(np.empty_like(ref)), d)
@@ -118,6 +118,21 @@ def test_build_budget_skips_and_stops_slow_candidates(setup):
         assert res.best == 0 and res.verified == [True, False, False, False]
         assert res.error[1] == STOPPED
         assert set(res.error[2:]) <= {SKIPPED, STOPPED} and SKIPPED in res.error[2:]
+    finally:
+        res.cleanup()
+
+
+def test_in_process_builds_skip_candidates_not_started_within_the_budget(setup):
+    """In this thread (the JIT's background process), a spent budget skips the candidates after the
+    model's first plan; the reference (the unscheduled build) is still built and checks it."""
+    from roller.profile import SKIPPED
+
+    func, expr, ins, ref, dev = setup
+    a, b = good(expr)
+    res = profile(func, expr, [a, b, b], dev, ins, None, progress=False, build_budget=0.0, in_process=True)
+    try:
+        assert res.best == 0 and res.verified == [True, False, False]
+        assert res.error[1:] == [SKIPPED, SKIPPED]
     finally:
         res.cleanup()
 
