@@ -29,7 +29,7 @@ from ..device import Device
 from ..errors import BuildError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
-from .cpu import _check_program, _fuse_axes, _main_block, _producer_of, _read_index, _storage_pad, _try
+from .schedutil import check_program, fuse_axes, main_block, producer_of, read_index, storage_pad, try_step
 from .launch import KernelLaunch, kernel_launches, lower
 
 ROOT_THREADS = 256  # threads per block of a producer stage that runs as its own kernel
@@ -42,15 +42,15 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     would be misaligned; TVM's ScheduleError passes through for a primitive that does not apply."""
     import tvm
 
-    _check_program(expr, program)
+    check_program(expr, program)
     if len(program.tiles) != 2 or not program.gpu:
         raise BuildError(f"{expr.name}: device {device.name!r} is of kind 'gpu' but the plan is not a GPU plan "
                          f"(levels {list(program.levels)}, no block resources); construct it for this device")
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
-    block = _main_block(sch, expr)
-    axis_loop = _fuse_axes(sch, block, expr)
+    block = main_block(sch, expr)
+    axis_loop = fuse_axes(sch, block, expr)
 
     interleaved = list(program.gpu.get("interleaved", ()))
     vthread = {a: f"vthread.{d}" for a, d in zip(reversed(interleaved), "xyz")}
@@ -90,27 +90,27 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     if outer_r:
         acc = sch.cache_write(block, 0, "local")
         for c in consumers:  # elementwise epilogues join the write-back
-            _try(None, "inline", sch.reverse_compute_inline, c)
+            try_step(None, "inline", sch.reverse_compute_inline, c)
         sch.reverse_compute_at(acc, tx)
     else:
         for c in consumers:
-            _try(None, "inline", sch.reverse_compute_inline, c)
+            try_step(None, "inline", sch.reverse_compute_inline, c)
     for c in sch.get_consumers(acc if outer_r else block):
         notes.append(f"{sch.get(c).name_hint} runs as its own kernel")
         _bind_root(sch, c)
 
     copy_lanes = program.gpu.get("copy_lanes", {})
     for t in expr.inputs:
-        idx = _read_index(sch, block, t.name)
+        idx = read_index(sch, block, t.name)
         if idx is None or not outer_r or t.name not in program.packed:
             continue
-        stage = _producer_of(sch, block, t.name)
+        stage = producer_of(sch, block, t.name)
         shared = sch.cache_read(block, idx, "shared")
         sch.compute_at(shared, outer_r[-1])
-        if stage is not None and not _try(None, "inline", sch.compute_inline, stage):
+        if stage is not None and not try_step(None, "inline", sch.compute_inline, stage):
             notes.append(f"{sch.get(stage).name_hint} runs as its own kernel")
             _bind_root(sch, stage)
-        _storage_pad(sch, shared, program.storage_pad.get(t.name, 0))
+        storage_pad(sch, shared, program.storage_pad.get(t.name, 0))
         _cooperative_copy(sch, shared, n_threads, copy_lanes.get(t.name, 1), t.name)
 
     for lp in inner:
