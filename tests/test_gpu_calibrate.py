@@ -131,3 +131,28 @@ def test_calibrate_a_gpu_without_one_fails_in_one_line(tmp_path):
 def test_fma_reference_is_the_chain():
     x = np.array([[1.0, -1.0]], "float32")
     np.testing.assert_allclose(gpu.fma_reference(x, np.array([0.5, 0.25]), 2), [[0.625, 0.125]])  # 1 -> 0.75 -> 0.625; -1 -> -0.25 -> 0.125
+
+
+SMEM_SCRIPT = """
+import numpy as np, tvm
+from microbench import gpu
+from roller.codegen import opencl
+prog = opencl.opencl_program(tvm.IRModule({"main": gpu.smem_kernel(2, 64, 40, size=256)}))
+a = np.arange(256, dtype="float32")
+got = opencl.run(prog, {"A": a, "O": np.zeros(128, "float32")}, ("O",))["O"]
+assert np.allclose(got, gpu.smem_reference(a, 2, 64, 40)), got
+print("ok")
+"""
+
+
+@needs_opencl
+@pytest.mark.skipif(__import__("shutil").which("oclgrind") is None, reason="oclgrind is not installed (Debian: "
+                    "apt-get install oclgrind; .ci/run installs it)")
+def test_shared_memory_kernel_is_race_free_under_oclgrind():
+    # the kernel's fill and reads of shared memory are separated by the barrier TVM's ThreadSync inserts
+    src = _cuda_source(gpu.smem_kernel(2, 64, 40, size=256), "sm_80")
+    assert "__syncthreads()" in src
+    proc = subprocess.run(["oclgrind", "--data-races", sys.executable, "-c", SMEM_SCRIPT], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    assert "data race" not in proc.stderr.lower(), proc.stderr[-3000:]
