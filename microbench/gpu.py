@@ -234,10 +234,11 @@ def _check(name: str, got: np.ndarray, want: np.ndarray, rtol: float) -> None:
 
 
 def _timed(runtime, kernel, arrays, repeat: int) -> float:
-    """Median seconds a call over ``repeat`` repeats (the fastest third's median, as the CPU's rate_stats)."""
-    secs = sorted(runtime.time(kernel, arrays, number=1, repeat=repeat))
-    fast = secs[:max(1, len(secs) // 3)]
-    return float(np.median(fast))
+    """Seconds a call: the median of the fastest third of ``repeat`` repeats (as the CPU's rate_stats: other
+    work only ever slows a repeat down)."""
+    timer = runtime.timer(kernel, arrays, target=0.01)
+    secs = sorted(timer() for _ in range(repeat))
+    return float(np.median(secs[:max(1, len(secs) // 3)]))
 
 
 def measure(plan: dict, runtime, repeat: int = 10, progress=lambda what: None) -> dict:

@@ -2,19 +2,21 @@
 schedule on any OpenCL platform (PoCL on a CPU) to check the device-independent path without a GPU.
 
 Both runtimes take a scheduled IRModule (``compile``), run it on numpy arrays by parameter name (``run``) and
-time it (``time``: seconds per call, one entry per repeat). Calibration (``microbench.gpu``) and GPU
+time it (``timer``: a function returning the seconds a call of one repeat, each repeat ~50 ms of calls). Calibration (``microbench.gpu``) and GPU
 profiling (``roller.gpu_profile``) are written against this interface only, so the code that runs on a GPU
 is the code the tests drive on PoCL. Only ``CudaRuntime``'s timings mean anything about a GPU.
 """
 from __future__ import annotations
 
+import math
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from .device import Device
 from .errors import ToolchainError
+from .profile import TARGET_MEASURE_SECONDS
 
 
 def cuda_missing(arch: str | None = None) -> str | None:
@@ -34,6 +36,16 @@ def cuda_missing(arch: str | None = None) -> str | None:
         if here != arch:
             return f"the GPU here is {dev.device_name} ({here}), not the spec's {arch}"
     return None
+
+
+TARGET_SECONDS = TARGET_MEASURE_SECONDS  # a timed repeat runs the kernel about this long, as on the CPU
+
+
+def _calls_for(run_once: Callable[[], object], target: float) -> int:
+    """Calls a repeat makes so that it lasts about ``target`` seconds (one untimed call sizes it)."""
+    t0 = time.perf_counter()
+    run_once()
+    return max(1, min(1000, math.ceil(target / max(time.perf_counter() - t0, 1e-7))))
 
 
 def _param_names(mod) -> list[str]:
@@ -77,10 +89,11 @@ class CudaRuntime:
         self.dev.sync()
         return {n: tensors[kernel[1].index(n)].numpy() for n in outputs}
 
-    def time(self, kernel, arrays: Mapping[str, np.ndarray], number: int, repeat: int) -> list[float]:
+    def timer(self, kernel, arrays: Mapping[str, np.ndarray], target: float = TARGET_SECONDS) -> Callable[[], float]:
         tensors = self._tensors(kernel, arrays)
-        ev = kernel[0].time_evaluator("main", self.dev, number=number, repeat=repeat)
-        return [float(s) for s in ev(*tensors).results]
+        number = _calls_for(lambda: (kernel[0]["main"](*tensors), self.dev.sync()), target)
+        ev = kernel[0].time_evaluator("main", self.dev, number=number, repeat=1)
+        return lambda: float(ev(*tensors).results[0])
 
 
 class OpenCLRuntime:
@@ -108,13 +121,19 @@ class OpenCLRuntime:
     def run(self, kernel, arrays: Mapping[str, np.ndarray], outputs) -> dict[str, np.ndarray]:
         return kernel.run(arrays, tuple(outputs))
 
-    def time(self, kernel, arrays: Mapping[str, np.ndarray], number: int, repeat: int) -> list[float]:
+    def timer(self, kernel, arrays: Mapping[str, np.ndarray], target: float = TARGET_SECONDS) -> Callable[[], float]:
         bufs = kernel.upload(arrays)
-        out = []
-        for _ in range(repeat):
+
+        def once():
+            kernel.launch(bufs)
+            kernel.finish()
+
+        number = _calls_for(once, target)
+
+        def repeat() -> float:
             t0 = time.perf_counter()
             for _ in range(number):
                 kernel.launch(bufs)
             kernel.finish()
-            out.append((time.perf_counter() - t0) / number)
-        return out
+            return (time.perf_counter() - t0) / number
+        return repeat
