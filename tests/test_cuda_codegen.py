@@ -68,7 +68,9 @@ def test_cuda_builds_within_the_limits(gpu, case):
     assert main.shared_bytes == p.gpu["shared_bytes"]  # the model's footprint is what the kernel allocates
     (launch,) = [la for la in build.launches if la.kernel == main.kernel]
     blocks = int(np.prod([p.grid[a.name] for a in expr.spatial_axes]))
-    assert launch.extents == {"blockIdx.x": blocks, "threadIdx.x": p.gpu["threads"]}
+    threads = int(np.prod([n for axis, n in launch.extents.items() if axis.startswith("threadIdx")]))
+    assert launch.extents["blockIdx.x"] == blocks and threads == p.gpu["threads"]
+    assert set(launch.extents) <= {"blockIdx.x", "threadIdx.x", "threadIdx.y"}
 
 
 def _run_twin(func, expr, program, dev, spec, shape):

@@ -16,6 +16,9 @@ its rows padded by the plan's bank padding (``storage_align``). Overhanging bloc
 (TVM's split bounds). A producer stage of the function (a convolution's zero padding) is folded into the
 shared copy, else it runs at root as its own kernel over blocks and threads.
 
+A block-level reduction plan (``RProgram.gpu["reduce_threads"]``, rows long and few) has its own loop
+structure: ``roller.codegen.cuda_reduce``.
+
 The same schedule compiles for CUDA (``target_for(device)``) and for OpenCL (``roller.codegen.opencl``),
 which runs on a CPU without a GPU to check the numbers.
 """
@@ -49,6 +52,11 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
+    if program.gpu.get("reduce_threads"):  # the threads of a block share rows (roller.gpu_reduce)
+        from .cuda_reduce import schedule_block_reduction
+
+        schedule_block_reduction(sch, expr, program, device, notes, _bind_root)
+        return sch
     block = main_block(sch, expr)
     axis_loop = fuse_axes(sch, block, expr)
 
