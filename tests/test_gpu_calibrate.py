@@ -10,21 +10,16 @@ import numpy as np
 import pytest
 import tvm
 
+from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
 from microbench import gpu
 from roller import cudatools
 from roller.calibrate import load_calibration, save_calibration, validate_calibration
-from roller.codegen import opencl
 from roller.device import load_device
 from roller.errors import CalibrationError
 from roller.gpu_runtime import OpenCLRuntime, cuda_missing
 
 pytestmark = pytest.mark.build
 
-no_cuda = cudatools.missing()
-no_opencl = opencl.missing()
-needs_cuda = pytest.mark.skipif(no_cuda is not None, reason=f"CUDA toolchain: {no_cuda}")
-needs_opencl = pytest.mark.skipif(no_opencl is not None, reason=f"OpenCL: {no_opencl}")
-GPUS = ("v100", "a100", "h100", "rtx4090")
 
 
 def _cuda_source(func, arch):
@@ -135,6 +130,7 @@ def test_fma_reference_is_the_chain():
 
 SMEM_SCRIPT = """
 import numpy as np, tvm
+from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
 from microbench import gpu
 from roller.codegen import opencl
 prog = opencl.opencl_program(tvm.IRModule({"main": gpu.smem_kernel(2, 64, 40, size=256)}))
@@ -146,8 +142,7 @@ print("ok")
 
 
 @needs_opencl
-@pytest.mark.skipif(__import__("shutil").which("oclgrind") is None, reason="oclgrind is not installed (Debian: "
-                    "apt-get install oclgrind; .ci/run installs it)")
+@needs_oclgrind
 def test_shared_memory_kernel_is_race_free_under_oclgrind():
     # the kernel's fill and reads of shared memory are separated by the barrier TVM's ThreadSync inserts
     src = _cuda_source(gpu.smem_kernel(2, 64, 40, size=256), "sm_80")

@@ -4,8 +4,8 @@ CPU's and the report says so. Without a runtime the ranking is the model's alone
 import numpy as np
 import pytest
 
+from gpu_marks import needs_opencl
 from roller import ops
-from roller.codegen import opencl
 from roller.device import load_device
 from roller.errors import BuildError, ToolchainError
 from roller.gpu_build import NOT_TIMED, build_gpu, default_runtime
@@ -13,8 +13,6 @@ from roller.gpu_profile import profile_gpu
 from roller.gpu_runtime import CudaRuntime, OpenCLRuntime, cuda_missing
 
 pytestmark = pytest.mark.build
-no_opencl = opencl.missing()
-needs_opencl = pytest.mark.skipif(no_opencl is not None, reason=f"OpenCL: {no_opencl}")
 no_gpu = pytest.mark.skipif(cuda_missing() is None, reason="a CUDA GPU is present: this checks a machine without one")
 
 

@@ -2,7 +2,6 @@
 threads of a block share rows; the policy against hand-computed cases, the kernels' numbers on PoCL (OpenCL
 twin), race-freedom under oclgrind, and the CUDA build within the limits (NVRTC + ptxas)."""
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from roller import cudatools, ops
+from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
+from roller import ops
 from roller.api import analyze
 from roller.codegen import opencl
 from roller.codegen.cuda import build_cuda, schedule_cuda
@@ -18,10 +18,6 @@ from roller.construct import construct
 from roller.device import load_device
 from roller.gpu_reduce import block_reduction_tiles, reduce_axis, reduction_shared_bytes
 
-no_cuda = cudatools.missing()
-no_opencl = opencl.missing()
-needs_cuda = pytest.mark.skipif(no_cuda is not None, reason=f"CUDA toolchain: {no_cuda}")
-needs_opencl = pytest.mark.skipif(no_opencl is not None, reason=f"OpenCL: {no_opencl}")
 
 A100 = load_device("a100", calibrated=False)
 
@@ -88,7 +84,7 @@ def test_opencl_twin_of_every_block_reduction_plan_matches_numpy(op, shape, opti
 
 
 @needs_cuda
-@pytest.mark.parametrize("gpu", ["v100", "a100", "h100", "rtx4090"])
+@pytest.mark.parametrize("gpu", GPUS)
 def test_block_reductions_build_within_the_limits(gpu):
     dev = load_device(gpu, calibrated=False)
     spec, (expr, func) = _expr("reduce_sum", {"M": 100, "N": 3001})
@@ -125,8 +121,7 @@ OCLGRIND_SCRIPT = textwrap.dedent("""
 
 
 @needs_opencl
-@pytest.mark.skipif(shutil.which("oclgrind") is None, reason="oclgrind is not installed (Debian: apt-get install "
-                                                            "oclgrind; .ci/run installs it)")
+@needs_oclgrind
 def test_block_reduction_is_race_free_under_oclgrind():
     proc = subprocess.run(["oclgrind", "--data-races", sys.executable, "-c", OCLGRIND_SCRIPT], capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
