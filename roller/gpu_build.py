@@ -88,6 +88,8 @@ def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, ref
 
     from .profile import _fill_sentinel
 
+    if program.gpu.get("tensor_core"):
+        return None, "not checked: tensor-core (WMMA) code has no OpenCL twin, and no GPU ran it"
     reason = opencl.missing() or opencl.unsupported(t.dtype for t in expr.tensors)
     if reason:
         return None, f"not checked: {reason}"

@@ -8,6 +8,7 @@ only when too few exist), over the GPU's level rules (``roller.gpu_rules``):
 - thread tile: spatial axes only (each thread runs its whole reduction serially), grown by the reuse of
   operands loaded from shared memory into registers, within the registers a thread may use;
 - block-level reductions (``roller.gpu_reduce``) where rows are long and few: a block's threads share rows;
+- tensor-core plans (``roller.gpu_tensorcore``) for fp16 matmuls on sm_80+: warp tiles of 16 x 16 fragments;
 - block tile: a whole number of thread tiles, contiguous extents in whole sectors, grown by the reuse of
   data loaded from global memory, within the block's shared memory and thread limit, never leaving fewer
   blocks than SMs when it had at least that many (scale-out; growing to a first whole warp is always
@@ -28,6 +29,7 @@ from .device import Device
 from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
 from .gpu_reduce import block_reduction_tiles, estimate_block_reduction
+from .gpu_tensorcore import ROW_PAD, TC_COPY_LANES, estimate_tensorcore, tensorcore_tiles
 from .model import rank
 from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, interleaved_axes, shared_bytes,
                         threads_per_block, warp_aligned)
@@ -169,19 +171,26 @@ def block_tiles(expr: Expr, device: Device, thread: Mapping[str, int], eps: floa
 
 
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: GpuEstimate,
-             reduce_threads: int = 0) -> RProgram:
+             reduce_threads: int = 0, tensor_core: Mapping[str, int] | None = None) -> RProgram:
     """The RProgram of one plan; ``reduce_threads`` > 0: a block-level reduction (``roller.gpu_reduce``: no
-    input staged in shared memory, the reduction spread over that many threads)."""
+    input staged in shared memory, the reduction spread over that many threads); ``tensor_core``: a
+    tensor-core plan's factors (``roller.gpu_tensorcore``: inputs staged with its fixed row padding)."""
     thread, block = tiles
     rules = GpuLevelRules.of(device, 1, expr)
     staged = () if reduce_threads else tuple(t.name for t in expr.inputs)
-    pads = {t.name: p for t in expr.inputs if t.name in staged and (p := bank_pad_elements(t, block, rules))}
+    if tensor_core:
+        pads = dict.fromkeys(staged, ROW_PAD)
+        lanes = dict.fromkeys(staged, TC_COPY_LANES)
+    else:
+        pads = {t.name: p for t in expr.inputs if t.name in staged and (p := bank_pad_elements(t, block, rules))}
+        lanes = {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs if t.name in staged}
     e = est.estimate
     gpu = {**est.resources(), "reduction_steps": est.reduction_steps,
-           "interleaved": interleaved_axes(expr, thread),
-           "copy_lanes": {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs if t.name in staged}}
+           "interleaved": () if tensor_core else interleaved_axes(expr, thread), "copy_lanes": lanes}
     if reduce_threads:
         gpu["reduce_threads"] = reduce_threads
+    if tensor_core:
+        gpu["tensor_core"] = dict(tensor_core)
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=(dict(thread), dict(block)),
         grid={a.name: ceil_div(a.extent, block[a.name]) for a in expr.axes if a.kind != REDUCE},
@@ -213,10 +222,15 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
         est = estimate_block_reduction(expr, thread, block, r, device)
         if est.occupancy.blocks_per_sm:
             found.append(([thread, block], est, r))
+    for warp, block, factors in tensorcore_tiles(expr, device):  # fp16 matmuls on sm_80+ (roller.gpu_tensorcore)
+        est = estimate_tensorcore(expr, warp, block, factors, device)
+        if est.occupancy.blocks_per_sm:
+            found.append(([warp, block], est, factors))
     ranked = rank(found, lambda x: x[1].estimate.seconds, lambda x: x[1].estimate.memory_seconds)
     seen, out = set(), []
-    for tiles, est, r in ranked:
-        prog = _program(expr, tiles, device, epsilon, est, r)
+    for tiles, est, extra in ranked:
+        prog = (_program(expr, tiles, device, epsilon, est, tensor_core=extra) if isinstance(extra, dict)
+                else _program(expr, tiles, device, epsilon, est, extra))
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

@@ -52,6 +52,11 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
+    if program.gpu.get("tensor_core"):  # fp16 matmul on the tensor cores (roller.gpu_tensorcore)
+        from .cuda_tensorcore import schedule_tensorcore
+
+        schedule_tensorcore(sch, expr, program, device, notes)
+        return sch
     if program.gpu.get("reduce_threads"):  # the threads of a block share rows (roller.gpu_reduce)
         from .cuda_reduce import schedule_block_reduction
 
@@ -188,10 +193,12 @@ class CudaBuild:
         return max(self.resources, key=lambda r: (r.registers, r.shared_bytes))
 
 
-def gpu_limits(device: Device) -> dict[str, int]:
-    """The per-block limits ``tvm.s_tir.analysis.verify_gpu_code`` checks, from the device's spec."""
+def gpu_limits(device: Device, dynamic_shared: bool = False) -> dict[str, int]:
+    """The per-block limits ``tvm.s_tir.analysis.verify_gpu_code`` checks, from the device's spec; a kernel
+    with dynamic shared memory (the tensor-core plans) may use up to the opt-in limit (TVM's CUDA runtime
+    raises the kernel's limit at launch)."""
     g = device.gpu
-    return {"max_shared_memory_per_block": g.shared_per_block, "max_threads_per_block": g.max_threads_per_block,
+    return {"max_shared_memory_per_block": g.shared_per_block_optin if dynamic_shared else g.shared_per_block, "max_threads_per_block": g.max_threads_per_block,
             "max_thread_x": g.max_threads_per_block, "max_vector_bytes": 16}
 
 
@@ -202,7 +209,8 @@ def resource_problems(device: Device, program: RProgram, resources, verified: bo
     counted (an SM never runs more than the blocks it gets)."""
     from ..gpu_rules import occupancy
 
-    out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {gpu_limits(device)}"]
+    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
+    out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {limits}"]
     for r in resources:
         if r.registers > device.gpu.max_registers_per_thread:
             out.append(f"{r.kernel}: {r.registers} registers a thread, over {device.gpu.max_registers_per_thread}")
@@ -231,11 +239,14 @@ def build_cuda(func, expr: Expr, program: RProgram, device: Device, notes: list[
     arch = str(device.target.get("arch", ""))
     sch = schedule_cuda(func, expr, program, device, notes)
     target = target_for(device)
-    host, devices = lower(sch.mod, target)
-    limits = gpu_limits(device)
+    try:
+        host, devices = lower(sch.mod, target)
+        source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
+    except tvm.error.InternalError as e:  # a lowering pass rejects this plan's schedule: this candidate only
+        raise BuildError(f"{expr.name}: TVM could not lower the schedule: {(str(e).splitlines() or [''])[-1]}") from None
+    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
     verified = all(tvm.s_tir.analysis.verify_gpu_code(f, limits)
                    for m in devices.values() for f in m.functions.values())
-    source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
     ptx = cudatools.to_ptx(source, arch)
     cubin, resources = cudatools.assemble(ptx, arch)
     return CudaBuild(arch, source, ptx, cubin, tuple(resources), kernel_launches(host),
