@@ -4,7 +4,9 @@ bandwidth of every memory level, the small-transfer cost.
 - ``microbench.kernels``: the TVM kernels (register-tile peak, vectorized streams, strided rows) and
   their numpy references;
 - ``microbench.plan``: what to measure on a device (working set per level, sweep, tiles), plain Python;
-- ``microbench.runner``: measures a plan in its own process (``python -m microbench.runner``).
+- ``microbench.runner``: measures a plan in its own process (``python -m microbench.runner``);
+- ``microbench.gpu``: a GPU's kernels (FMA chains, DRAM / L2 / shared-memory reads, strided rows), its plan
+  and its measurement on a ``roller.gpu_runtime`` runtime (TVM's CUDA runtime; the OpenCL twin in tests).
 
 ``roller.calibrate`` runs the plan, summarises, checks and caches the figures.
 """

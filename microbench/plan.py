@@ -112,8 +112,8 @@ def peak_tile(device: Device, dtype: str) -> dict:
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:
     """The full measurement plan for ``device`` with ``threads`` units active in the all-units runs."""
     if device.kind != "cpu":
-        raise CalibrationError(f"device {device.name!r} is a {device.kind}: microbench calibrates CPUs only "
-                               f"for now; keep the datasheet figures in its spec")
+        raise CalibrationError(f"device {device.name!r} is a {device.kind}: make_plan plans CPUs; GPUs are "
+                               f"planned by microbench.gpu.make_gpu_plan")
     cap = memory_cap_bytes()
     one, w1 = level_working_sets(device, 1, cap)
     allu, wn = level_working_sets(device, threads, cap)

@@ -98,9 +98,11 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     ``in_process`` compiles the plans in this thread instead of worker processes (default: only the
     top-1 tier does; the JIT's background process, already apart from the server, profiles so too).
 
-    On a GPU device the top-``topk`` plans are compiled offline and checked against its limits, and the
-    chosen schedule's OpenCL twin against numpy (``roller.gpu_build``: a GpuBuildResult; nothing is timed
-    and nothing cached).
+    On a GPU device the top-``topk`` plans are compiled offline and checked against its limits
+    (``roller.gpu_build``: a GpuBuildResult; nothing cached). Where that GPU is in this machine and a
+    ``reference`` is given (``build_op`` makes one), they are checked against numpy and timed on it and
+    the fastest wins; otherwise the model ranks them, nothing is timed, and the chosen schedule's OpenCL
+    twin is checked against numpy.
     """
     if inputs is not None:  # bad arrays are an error even when the kernel comes from the cache
         from .profile import check_inputs
@@ -202,9 +204,10 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
     if dev.kind == "gpu":  # compiled offline and checked against the limits; nothing is timed without a GPU
-        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu
-        inputs, reference = check() if expr.flops <= TWIN_FLOP_LIMIT else (None, None)
-        return build_gpu(func, dev, topk, labels, inputs, reference)
+        from .gpu_build import TWIN_FLOP_LIMIT, build_gpu, default_runtime
+        runtime = default_runtime(dev) if profile else None  # a GPU here: its kernels are checked whatever their size
+        inputs, reference = check() if runtime is not None or expr.flops <= TWIN_FLOP_LIMIT else (None, None)
+        return build_gpu(func, dev, topk, labels, inputs, reference, runtime=runtime)
     key = None
 
     def compile_() -> BuildResult:

@@ -1,6 +1,7 @@
 """One-time calibration of a device: measured peak compute and bandwidths replace datasheet figures.
 
-``run_calibration`` measures the device with TVM kernels (package ``microbench``) in a worker process,
+``run_calibration`` measures the device with TVM kernels (package ``microbench``) in a worker process
+(a GPU spec: ``microbench.gpu.calibrate_gpu``, CUDA kernels on that GPU through TVM's CUDA runtime),
 ``save_calibration`` writes the result to a per-user cache file keyed by device name and fingerprint,
 and ``load_calibration`` (called by ``roller.device.load_device``) reads it back. A bad cache file is
 ignored with one warning naming it, never fatal. ``roller calibrate`` is the command-line face.
@@ -385,7 +386,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     device = load_device(args.device, calibrated=False)
     with measuring_alone():
-        cal = run_calibration(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
+        if device.kind == "gpu":  # CUDA kernels on the spec's GPU (microbench.gpu); one-line error without it
+            from microbench.gpu import calibrate_gpu
+
+            cal = calibrate_gpu(device, quick=args.quick)
+        else:
+            cal = run_calibration(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
         path = save_calibration(device, cal, args.out)
     if args.json:
         out = {"device": cal["device"], "fingerprint": cal["fingerprint"], "path": str(path),
@@ -405,8 +411,9 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     """Adds ``calibrate`` to the ``roller`` command's subparsers (handler in ``func``)."""
     p = subparsers.add_parser("calibrate", help="measure this machine's peak compute and bandwidths once",
                               description="Measure peak GFLOP/s per dtype and the bandwidth of every memory "
-                                          "level with TVM microbenchmarks; the result replaces the datasheet "
-                                          "figures of the device from then on.")
+                                          "level with TVM microbenchmarks (for a GPU spec: CUDA kernels on that "
+                                          "GPU, which must be in this machine); the result replaces the "
+                                          "datasheet figures of the device from then on.")
     p.add_argument("--device", default=None, metavar="NAME|PATH",
                    help="'host' (default), a shipped spec name or a YAML spec describing this machine")
     p.add_argument("--out", default=None, metavar="PATH", help="write the calibration here instead of the cache")

@@ -77,8 +77,10 @@ def _print_gpu_build(report: dict, saved: dict | None) -> None:
           f"{report['peak_fraction']:.0%} of the spec's peak); ranking: {report['ranking']}")
     print(f"verified: {'yes' if report['verified'] else 'no' if report['verified'] is False else '-'} "
           f"({report['verified_by']})")
+    if report["timed"]:
+        print(f"measured {_fmt_seconds(report['kernel_seconds'])} ({report['gflops']:.0f} GFLOP/s)")
     print(f"{'#':>3} {'threads':>7} {'regs model/ptxas':>16} {'spill B':>7} {'smem model/ptxas':>17} "
-          f"{'blocks/SM':>9} {'predicted':>10}  status")
+          f"{'blocks/SM':>9} {'predicted':>10} {'measured':>10}  status")
     for i, c in enumerate(report["candidates"]):
         m, x = c["model"], c["ptxas"] or {}
         spill = (x.get("spill_store_bytes", 0) + x.get("spill_load_bytes", 0)) if x else "-"
@@ -86,7 +88,8 @@ def _print_gpu_build(report: dict, saved: dict | None) -> None:
                   "dropped: " + "; ".join(c["problems"] or [c["error"] or ""]) if c["dropped"] else "")
         print(f"{i:>3} {m['threads']:>7} {m['registers']:>7}/{x.get('registers', '-'):<8} {spill:>7} "
               f"{m['shared_bytes']:>8}/{x.get('shared_bytes', '-'):<8} {m['blocks_per_sm']:>9} "
-              f"{_fmt_seconds(c['predicted_seconds']):>10}  {status}")
+              f"{_fmt_seconds(c['predicted_seconds']):>10} "
+              f"{_fmt_seconds(c['measured_seconds']):>10}  {status}")
     print(f"construct {report['construct_seconds']:.3f} s, whole build {report['build_seconds']:.2f} s")
     if saved:
         print("wrote " + ", ".join(saved.values()))

@@ -3,9 +3,9 @@ cubin with ``ptxas -v`` and its resources (registers, spills, shared memory) as 
 with NVRTC alone). No system CUDA and no GPU needed.
 
 TVM compiles CUDA through NVRTC (``tvm.support.nvcc.compile_cuda``) and looks for ``cuda_runtime.h`` and the
-CCCL headers (``cuda/std/...``) under ``$CUDA_PATH/include``. The wheels keep them in two folders
-(``nvidia/cuda_runtime/include``, ``nvidia/cuda_cccl/include``): ``include_root`` gathers both into one
-folder of symlinks in roller's per-user cache and points ``CUDA_PATH`` at it (unless ``CUDA_PATH`` already
+CCCL headers (``cuda/std/...``) under ``$CUDA_PATH/include``. The wheels keep them in three folders
+(``nvidia/cuda_runtime/include``, ``nvidia/cuda_cccl/include``, and ``nvidia/cuda_nvcc/include`` with
+``crt/mma.h``, which tensor-core (WMMA) kernels need): ``include_root`` gathers them into one folder of symlinks in roller's per-user cache and points ``CUDA_PATH`` at it (unless ``CUDA_PATH`` already
 holds a CUDA installation). ``ptxas`` comes from ``nvidia-cuda-nvcc-cu12``.
 """
 from __future__ import annotations
@@ -67,7 +67,8 @@ def include_root() -> Path:
     root = _cache_root()
     include = root / "include"
     include.mkdir(parents=True, exist_ok=True)
-    for package in ("cuda_runtime", "cuda_cccl"):
+    # cuda_nvcc's include/ holds crt/ (crt/mma.h: the WMMA API that tensor-core kernels include via mma.h)
+    for package in ("cuda_runtime", "cuda_cccl", "cuda_nvcc"):
         for src in (_nvidia_dir(package) / "include").iterdir():
             if src.name.startswith("__"):  # the wheel's __init__.py / __pycache__
                 continue

@@ -1,12 +1,15 @@
-"""``roller build OP --device a100``: the GPU plans compiled offline, checked against the device's limits, and
-the chosen kernel's numbers checked on the CPU through its OpenCL twin.
+"""``roller build OP --device a100``: the GPU plans compiled offline, checked against the device's limits, then
+profiled on the GPU where it is present, else the chosen kernel's numbers checked on the CPU (OpenCL twin).
 
 The top-K plans are compiled to CUDA, PTX and cubin for the spec's architecture (``codegen.cuda.build_cuda``);
 a candidate whose kernel breaks a limit (``verify_gpu_code``, registers, spills, an occupancy below the
-model's) is dropped before the ranking is final. No GPU is used: the ranking is the model's alone and
-nothing is timed, which the report says (``timed: false``, ``ranking``). Where PoCL (or another OpenCL
-platform) is installed, the chosen schedule's OpenCL twin runs on the operator's inputs and is compared with
-numpy (``verified``); without one ``verified`` is null and ``verified_by`` says why.
+model's) is dropped before the ranking is final. Where TVM's CUDA runtime finds the spec's GPU, the kept
+candidates run on it, are checked against numpy and timed (``roller.gpu_profile``, the CPU profiling's
+screen-then-alternated-finalists timing), and the fastest wins (``timed: true``, ``measured_seconds``).
+Without a GPU the ranking is the model's alone and nothing is timed, which the report says (``timed:
+false``, ``ranking``); where PoCL (or another OpenCL platform) is installed, the chosen schedule's OpenCL twin
+runs on the operator's inputs and is compared with numpy (``verified``); without one ``verified`` is null
+and ``verified_by`` says why.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def _candidate(p: RProgram, build: CudaBuild | None, error: str | None) -> dict:
     return {
         "tiles": {lv: dict(t) for lv, t in zip(p.levels, p.tiles)},
         "grid": dict(p.grid), "units": p.units, "waves": p.waves,
-        "predicted_seconds": p.predicted_seconds, "measured_seconds": None,
+        "predicted_seconds": p.predicted_seconds, "measured_seconds": None, "verified": None,
         "model": {"threads": p.gpu["threads"], "registers": p.gpu["registers"],
                   "shared_bytes": p.gpu["shared_bytes"], "blocks_per_sm": p.gpu["blocks_per_sm"],
                   "footprint_bytes": dict(p.footprint_bytes)},
@@ -85,6 +88,8 @@ def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, ref
 
     from .profile import _fill_sentinel
 
+    if program.gpu.get("tensor_core"):
+        return None, "not checked: tensor-core (WMMA) code has no OpenCL twin, and no GPU ran it"
     reason = opencl.missing() or opencl.unsupported(t.dtype for t in expr.tensors)
     if reason:
         return None, f"not checked: {reason}"
@@ -96,9 +101,47 @@ def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, ref
     return ok, "the OpenCL twin of the same schedule on this CPU (PoCL), against numpy"
 
 
-def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs=None, reference=None) -> GpuBuildResult:
+def default_runtime(device: Device):
+    """TVM's CUDA runtime where the spec's GPU is in this machine, else None (the ranking is the model's)."""
+    from .gpu_runtime import CudaRuntime, cuda_missing
+
+    return CudaRuntime(device) if cuda_missing(str(device.target.get("arch", "")) or None) is None else None
+
+
+def _profile(norm, expr: Expr, programs, kept: list[int], device: Device, runtime, inputs, reference, rows) -> int:
+    """Checks and times the kept candidates on ``runtime`` (``roller.gpu_profile``); fills their rows and
+    returns the fastest verified one's index. BuildError when none matches numpy."""
+    from .codegen.cuda import schedule_cuda
+    from .gpu_profile import profile_gpu
+
+    modules = {i: schedule_cuda(norm, expr, programs[i], device).mod for i in kept}
+    names = [str(p.name) for p in norm.params]
+    timings = profile_gpu(modules, runtime, names, list(inputs), np.asarray(reference))
+    for i, t in timings.items():
+        rows[i]["verified"], rows[i]["measured_seconds"] = t.verified, t.measured_seconds
+        if not t.verified:
+            rows[i]["dropped"], rows[i]["error"] = True, t.error
+    timed = [i for i in kept if timings[i].verified]
+    if not timed:
+        raise BuildError(f"{expr.name}: none of the {len(kept)} GPU candidates matched numpy on {runtime.name}",
+                         details="\n".join(f"#{i}: {timings[i].error}" for i in kept))
+    return min(timed, key=lambda i: timings[i].measured_seconds)
+
+
+def _timed_on(runtime) -> str:
+    if runtime.name == "cuda":
+        return f"measured on {runtime.dev.device_name} (TVM's CUDA runtime): the fastest verified candidate"
+    return ("measured on the OpenCL twin on this CPU: the profiling path runs, but these times are the CPU's "
+            "and say nothing about the GPU")
+
+
+def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs=None, reference=None,
+              runtime: Any = "auto") -> GpuBuildResult:
     """Constructs the top-``topk`` plans of ``func`` for the GPU ``device``, compiles each offline, drops
-    those over the device's limits and returns the model's best remaining one (see module doc)."""
+    those over the device's limits; then, on a ``runtime`` (``"auto"``: TVM's CUDA runtime where the spec's
+    GPU is present; tests pass ``gpu_runtime.OpenCLRuntime()``) with ``inputs`` and ``reference``, checks each
+    kept one against numpy and times it, as CPU profiling does, and returns the fastest; without a runtime,
+    returns the model's best kept plan (see module doc)."""
     from .api import analyze
     from .codegen.cuda import build_cuda
 
@@ -123,9 +166,18 @@ def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs
         raise BuildError(f"{expr.name}: every one of the {len(rows)} GPU candidates broke a limit of {device.name} "
                          f"or failed to build", details="\n".join(f"#{i}: {r['error'] or r['problems']}"
                                                                for i, r in enumerate(rows)))
-    best = kept[0]  # the plans are in the model's order: the first that fits is the model's choice
+    if runtime == "auto":
+        runtime = default_runtime(device)
+    measured = runtime is not None and inputs is not None and reference is not None
+    if measured:
+        best = _profile(norm, expr, cons.programs, kept, device, runtime, inputs, reference, rows)
+        verified, by = True, f"numpy, on {runtime.name} (every timed candidate)"
+    else:
+        best = kept[0]  # the plans are in the model's order: the first that fits is the model's choice
     program = cons.programs[best]
-    if expr.flops > TWIN_FLOP_LIMIT:
+    if measured:
+        pass  # every timed candidate was checked against numpy on the runtime
+    elif expr.flops > TWIN_FLOP_LIMIT:
         verified, by = None, (f"not checked: {expr.flops / 1e9:.3g} GFLOP is too much for the OpenCL twin on this "
                               f"CPU (limit {TWIN_FLOP_LIMIT / 1e9:g} GFLOP)")
     elif inputs is None or reference is None:
@@ -140,11 +192,12 @@ def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs
         "device": device.name, "device_kind": device.kind, "arch": builds[best].arch,
         "device_calibrated": device.calibrated,
         "construct_seconds": cons.seconds, "build_seconds": time.perf_counter() - t0,
-        "kernel_seconds": None, "gflops": None,
+        "kernel_seconds": rows[best]["measured_seconds"],
+        "gflops": expr.flops / rows[best]["measured_seconds"] / 1e9 if rows[best]["measured_seconds"] else None,
         "predicted_gflops": expr.flops / program.predicted_seconds / 1e9 if program.predicted_seconds else None,
         "peak_fraction": (expr.flops / program.predicted_seconds / 1e9
                           / (device.units.peak(expr.dtype) * device.units.count)),
-        "timed": False, "ranking": NOT_TIMED,
+        "timed": measured, "ranking": _timed_on(runtime) if measured else NOT_TIMED,
         "verified": verified, "verified_by": by,
         "chosen": best, "dropped": [i for i, r in enumerate(rows) if r["dropped"]],
         "epsilon": cons.epsilon, "cache": "off",

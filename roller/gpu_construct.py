@@ -7,6 +7,8 @@ only when too few exist), over the GPU's level rules (``roller.gpu_rules``):
 
 - thread tile: spatial axes only (each thread runs its whole reduction serially), grown by the reuse of
   operands loaded from shared memory into registers, within the registers a thread may use;
+- block-level reductions (``roller.gpu_reduce``) where rows are long and few: a block's threads share rows;
+- tensor-core plans (``roller.gpu_tensorcore``) for fp16 matmuls on sm_80+: warp tiles of 16 x 16 fragments;
 - block tile: a whole number of thread tiles, contiguous extents in whole sectors, grown by the reuse of
   data loaded from global memory, within the block's shared memory and thread limit, never leaving fewer
   blocks than SMs when it had at least that many (scale-out; growing to a first whole warp is always
@@ -26,6 +28,8 @@ from typing import Mapping
 from .device import Device
 from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
+from .gpu_reduce import block_reduction_tiles, estimate_block_reduction
+from .gpu_tensorcore import ROW_PAD, TC_COPY_LANES, estimate_tensorcore, tensorcore_tiles
 from .model import rank
 from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, interleaved_axes, shared_bytes,
                         threads_per_block, warp_aligned)
@@ -166,21 +170,34 @@ def block_tiles(expr: Expr, device: Device, thread: Mapping[str, int], eps: floa
     return out
 
 
-def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: GpuEstimate) -> RProgram:
+def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: GpuEstimate,
+             reduce_threads: int = 0, tensor_core: Mapping[str, int] | None = None) -> RProgram:
+    """The RProgram of one plan; ``reduce_threads`` > 0: a block-level reduction (``roller.gpu_reduce``: no
+    input staged in shared memory, the reduction spread over that many threads); ``tensor_core``: a
+    tensor-core plan's factors (``roller.gpu_tensorcore``: inputs staged with its fixed row padding)."""
     thread, block = tiles
     rules = GpuLevelRules.of(device, 1, expr)
-    pads = {t.name: p for t in expr.inputs if (p := bank_pad_elements(t, block, rules))}
+    staged = () if reduce_threads else tuple(t.name for t in expr.inputs)
+    if tensor_core:
+        pads = dict.fromkeys(staged, ROW_PAD)
+        lanes = dict.fromkeys(staged, TC_COPY_LANES)
+    else:
+        pads = {t.name: p for t in expr.inputs if t.name in staged and (p := bank_pad_elements(t, block, rules))}
+        lanes = {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs if t.name in staged}
     e = est.estimate
+    gpu = {**est.resources(), "reduction_steps": est.reduction_steps,
+           "interleaved": () if tensor_core else interleaved_axes(expr, thread), "copy_lanes": lanes}
+    if reduce_threads:
+        gpu["reduce_threads"] = reduce_threads
+    if tensor_core:
+        gpu["tensor_core"] = dict(tensor_core)
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=(dict(thread), dict(block)),
         grid={a.name: ceil_div(a.extent, block[a.name]) for a in expr.axes if a.kind != REDUCE},
-        units=e.units, waves=e.waves, vector_axis=None, packed=tuple(t.name for t in expr.inputs),
+        units=e.units, waves=e.waves, vector_axis=None, packed=staged,
         storage_pad=pads, predicated=tuple(a.name for a in expr.axes if a.extent % block[a.name]),
         predicted_seconds=e.seconds, compute_seconds=e.compute_seconds, memory_seconds=dict(e.memory_seconds),
-        footprint_bytes=dict(e.footprint_bytes), traffic_bytes=dict(e.traffic_bytes), epsilon=eps,
-        gpu={**est.resources(), "reduction_steps": est.reduction_steps,
-             "interleaved": interleaved_axes(expr, thread),
-             "copy_lanes": {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs}})
+        footprint_bytes=dict(e.footprint_bytes), traffic_bytes=dict(e.traffic_bytes), epsilon=eps, gpu=gpu)
 
 
 def plan(expr: Expr, tiles: list[Mapping[str, int]], device: Device, epsilon: float = 0.0) -> RProgram:
@@ -200,11 +217,20 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
         for block in block_tiles(expr, device, thread, epsilon):
             est = estimate(expr, [thread, block], device)
             if est.occupancy.blocks_per_sm:
-                found.append(([thread, block], est))
+                found.append(([thread, block], est, 0))
+    for thread, block, r in block_reduction_tiles(expr, device):  # rows long and few (roller.gpu_reduce)
+        est = estimate_block_reduction(expr, thread, block, r, device)
+        if est.occupancy.blocks_per_sm:
+            found.append(([thread, block], est, r))
+    for warp, block, factors in tensorcore_tiles(expr, device):  # fp16 matmuls on sm_80+ (roller.gpu_tensorcore)
+        est = estimate_tensorcore(expr, warp, block, factors, device)
+        if est.occupancy.blocks_per_sm:
+            found.append(([warp, block], est, factors))
     ranked = rank(found, lambda x: x[1].estimate.seconds, lambda x: x[1].estimate.memory_seconds)
     seen, out = set(), []
-    for tiles, est in ranked:
-        prog = _program(expr, tiles, device, epsilon, est)
+    for tiles, est, extra in ranked:
+        prog = (_program(expr, tiles, device, epsilon, est, tensor_core=extra) if isinstance(extra, dict)
+                else _program(expr, tiles, device, epsilon, est, extra))
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -477,13 +477,14 @@ def _time(mod, dev, args, repeats: int = REPEATS) -> float:
     return float(np.median(_evaluator(mod, dev, args, repeats)(*args).results))
 
 
-def _time_all(modules: dict, dev, args) -> dict[int, float]:
-    """Seconds per candidate: one repeat each screens them all; then the finalists (the model's first
-    plan, and the few others within FINALIST_RATIO of the best screen) are timed in REPEATS rounds, one
-    repeat of each per round, and their medians decide. Alternating, every finalist sees the same drift
-    of a shared machine: timed one after another, a burst of other work during one candidate's repeats
-    made a slower plan win (the profiled kernel then ran up to 2x slower than the model's first plan)."""
-    screen = {i: float(_evaluator(mod, dev, args, 1)(*args).results[0]) for i, mod in modules.items()}
+def time_finalists(timers: Mapping[int, Callable[[], float]]) -> dict[int, float]:
+    """Seconds per candidate from ``timers`` (index -> one timed repeat, seconds a call): one repeat each
+    screens them all; then the finalists (the model's first plan, and the few others within FINALIST_RATIO
+    of the best screen) are timed in REPEATS rounds, one repeat of each per round, and their medians decide.
+    Alternating, every finalist sees the same drift of a shared machine: timed one after another, a burst of
+    other work during one candidate's repeats made a slower plan win (the profiled kernel then ran up to 2x
+    slower than the model's first plan). Any device: the CPU's runtime here, a GPU's in roller.gpu_profile."""
+    screen = {i: t() for i, t in timers.items()}
     if not screen:
         return screen
     best = min(screen.values())
@@ -492,14 +493,28 @@ def _time_all(modules: dict, dev, args) -> dict[int, float]:
     finalists = close + ([first] if first not in close else [])
     if len(finalists) == 1:
         return screen
-    timers = {i: _evaluator(modules[i], dev, args, 1) for i in finalists}
     rounds: dict[int, list[float]] = {i: [] for i in finalists}
     for _ in range(REPEATS):
         for i in finalists:
-            rounds[i].append(float(timers[i](*args).results[0]))
+            rounds[i].append(timers[i]())
     for i in finalists:
         screen[i] = float(np.median(rounds[i]))
     return screen
+
+
+def _time_all(modules: dict, dev, args) -> dict[int, float]:
+    """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls."""
+    evaluators = {i: _evaluator(mod, dev, args, 1) for i, mod in modules.items()}
+    return time_finalists({i: (lambda ev=ev: float(ev(*args).results[0])) for i, ev in evaluators.items()})
+
+
+def wrong_result(got: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> str | None:
+    """Why ``got`` is not ``reference`` within the tolerances (one line), or None when it is."""
+    if np.allclose(got, reference, rtol=rtol, atol=atol, equal_nan=False):
+        return None
+    bad = ~np.isclose(got, reference, rtol=rtol, atol=atol)
+    return (f"wrong result: {int(bad.sum())} of {bad.size} elements differ beyond rtol={rtol} "
+            f"atol={atol} (max abs error {np.nanmax(np.abs(got - reference)):.3g})")
 
 
 def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inputs: Sequence[np.ndarray],
@@ -580,11 +595,8 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
             mod = tvm.runtime.load_module(path)
             out_tvm.copyfrom(_fill_sentinel(out_np))
             mod["main"](*args_in, out_tvm)
-            got = out_tvm.numpy()
-            if not np.allclose(got, reference, rtol=rtol, atol=atol, equal_nan=False):
-                bad = ~np.isclose(got, reference, rtol=rtol, atol=atol)
-                c.error = (f"wrong result: {int(bad.sum())} of {bad.size} elements differ beyond rtol={rtol} "
-                           f"atol={atol} (max abs error {np.nanmax(np.abs(got - reference)):.3g})")
+            c.error = wrong_result(out_tvm.numpy(), reference, rtol, atol)
+            if c.error:
                 continue
             c.verified = True
             modules[i] = mod

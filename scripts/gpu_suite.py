@@ -4,7 +4,7 @@ with that NVIDIA GPU, the measured time of the top-k plans (checked against nump
     python3 scripts/gpu_suite.py                        # a100 spec; --device h100, --cases REGEX, --topk 3
 
 Without a GPU it says so, prints the predictions only (nothing is measured) and exits 0. The measuring path
-uses TVM's CUDA runtime (tvm.cuda(0), time_evaluator) the way roller.profile uses the CPU's; it has not been
+is roller.gpu_profile on TVM's CUDA runtime (the code the tests drive on the OpenCL twin); it has not been
 run on a GPU yet (none was reachable where it was written).
 """
 from __future__ import annotations
@@ -18,34 +18,22 @@ import numpy as np
 from bench_suite import SUITE, Skip, _spec, load_cases  # noqa: E402  (same folder)
 
 
-def gpu_present() -> bool:
-    import tvm
-
-    return bool(tvm.runtime.enabled("cuda")) and tvm.cuda(0).exist
-
-
-def _measure(func, expr, programs, device, inputs, reference):
-    """(seconds, index) of the fastest plan whose output matches ``reference`` on the GPU, or (None, None)."""
-    import tvm
-
+def _measure(func, expr, programs, device, runtime, inputs, reference):
+    """(seconds, index) of the fastest plan whose output matches ``reference`` on the GPU (roller.gpu_profile:
+    the CPU profiling's checks and alternated timing), or (None, None)."""
     from roller.codegen.cuda import schedule_cuda
-    from roller.tvmutil import target_for
+    from roller.gpu_profile import profile_gpu
 
-    dev = tvm.cuda(0)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    out = tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype), dev)
-    best = (None, None)
-    for i, p in enumerate(programs):
-        ex = tvm.compile(schedule_cuda(func, expr, p, device).mod, target_for(device))
-        ex["main"](*args, out)
-        dev.sync()
-        if not np.allclose(out.numpy(), reference, rtol=1e-3, atol=1e-3):
-            print(f"    plan {i}: WRONG result, not timed", file=sys.stderr)
-            continue
-        seconds = float(np.median(ex.mod.time_evaluator("main", dev, number=20, repeat=5)(*args, out).results))
-        if best[0] is None or seconds < best[0]:
-            best = (seconds, i)
-    return best
+    modules = {i: schedule_cuda(func, expr, p, device).mod for i, p in enumerate(programs)}
+    timings = profile_gpu(modules, runtime, [str(p.name) for p in func.params], inputs, reference)
+    for i, t in timings.items():
+        if not t.verified:
+            print(f"    plan {i}: {t.error}, not timed", file=sys.stderr)
+    timed = [i for i, t in timings.items() if t.verified]
+    if not timed:
+        return None, None
+    best = min(timed, key=lambda i: timings[i].measured_seconds)
+    return timings[best].measured_seconds, best
 
 
 def main(argv=None) -> int:
@@ -63,7 +51,10 @@ def main(argv=None) -> int:
     if device.kind != "gpu":
         print(f"{args.device} is not a GPU spec", file=sys.stderr)
         return 2
-    present = gpu_present()
+    from roller.gpu_build import default_runtime
+
+    runtime = default_runtime(device)
+    present = runtime is not None
     print(f"device spec {device.name} ({device.target.get('arch')}): "
           + ("a GPU is present: the top-k plans are built, checked against numpy and timed" if present else
              "NO GPU on this machine: predictions only, nothing is measured"))
@@ -84,7 +75,7 @@ def main(argv=None) -> int:
         measured = None
         if present:
             inputs = spec.inputs(case.shape, "float32", np.random.default_rng(0))
-            measured, _ = _measure(func, expr, plans, device, inputs, spec.reference(inputs, case.shape))
+            measured, _ = _measure(func, expr, plans, device, runtime, inputs, spec.reference(inputs, case.shape))
         block = " ".join(f"{a}={s}" for a, s in p.tiles[1].items())
         ratio = f"{measured / p.predicted_seconds:.2f}" if measured else "-"
         print(f"{case.name:<28} {block[:34]:<34} {p.gpu['threads']:>4} {p.predicted_seconds * 1e6:>8.1f}us "

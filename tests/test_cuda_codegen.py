@@ -1,7 +1,6 @@
 """The GPU back end end to end without a GPU: plans for each shipped GPU spec become CUDA that NVRTC and
 ptxas compile within the device's limits, and the OpenCL twin of the same schedule matches numpy on the CPU
 (PoCL); oclgrind finds no data race in a small case (and does find one in a kernel made to race)."""
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -9,7 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from roller import cudatools, ops
+from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
+from roller import ops
 from roller.api import analyze
 from roller.codegen import opencl
 from roller.codegen.cuda import build_cuda, schedule_cuda
@@ -18,12 +18,6 @@ from roller.device import load_device
 
 pytestmark = pytest.mark.build
 
-no_cuda = cudatools.missing()
-no_opencl = opencl.missing()
-needs_cuda = pytest.mark.skipif(no_cuda is not None, reason=f"CUDA toolchain: {no_cuda}")
-needs_opencl = pytest.mark.skipif(no_opencl is not None, reason=f"OpenCL: {no_opencl}")
-
-GPUS = ("v100", "a100", "h100", "rtx4090")
 # (op, shape): a regular and an irregular shape per operator
 CASES = {
     "matmul": ("matmul", {"M": 256, "N": 256, "K": 256}),
@@ -68,7 +62,9 @@ def test_cuda_builds_within_the_limits(gpu, case):
     assert main.shared_bytes == p.gpu["shared_bytes"]  # the model's footprint is what the kernel allocates
     (launch,) = [la for la in build.launches if la.kernel == main.kernel]
     blocks = int(np.prod([p.grid[a.name] for a in expr.spatial_axes]))
-    assert launch.extents == {"blockIdx.x": blocks, "threadIdx.x": p.gpu["threads"]}
+    threads = int(np.prod([n for axis, n in launch.extents.items() if axis.startswith("threadIdx")]))
+    assert launch.extents["blockIdx.x"] == blocks and threads == p.gpu["threads"]
+    assert set(launch.extents) <= {"blockIdx.x", "threadIdx.x", "threadIdx.y"}
 
 
 def _run_twin(func, expr, program, dev, spec, shape):
@@ -135,8 +131,7 @@ def _oclgrind(script: str) -> subprocess.CompletedProcess:
 
 
 @needs_opencl
-@pytest.mark.skipif(shutil.which("oclgrind") is None, reason="oclgrind is not installed (Debian: apt-get install "
-                                                            "oclgrind; .ci/run installs it)")
+@needs_oclgrind
 def test_oclgrind_finds_no_race_in_a_small_case():
     import os
     tests = os.path.dirname(os.path.abspath(__file__))

@@ -55,6 +55,7 @@ def test_include_root_gathers_headers(tmp_path, monkeypatch):
     assert os.environ["CUDA_PATH"] == str(root)
     assert (root / "include" / "cuda_runtime.h").is_file()
     assert (root / "include" / "cuda" / "std" / "cstdint").is_file()
+    assert (root / "include" / "crt" / "mma.h").is_file()  # what mma.h (WMMA) includes
     assert cudatools.include_root() == root  # idempotent: existing links are kept
 
 
@@ -69,6 +70,32 @@ def test_source_to_ptx_cubin_and_resources(arch):
     assert assembled[:4] == b"\x7fELF"
     assert res.kernel == "axpy" and res.shared_bytes == 128 * 4 and res.barriers == 1
     assert 0 < res.registers < 64 and not res.spills
+
+
+WMMA_KERNEL = r"""
+#include <mma.h>
+using namespace nvcuda;
+extern "C" __global__ void tc(const half* a, const half* b, float* c) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  wmma::fill_fragment(fc, 0.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+"""
+
+
+@needs_cuda
+def test_tensor_core_source_compiles():
+    # fp16 in, fp32 accumulate on the tensor cores: the headers WMMA needs are gathered too (only the
+    # compile is checked here: no GPU runs it)
+    ptx = cudatools.to_ptx(WMMA_KERNEL, "sm_80")
+    assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32" in ptx
+    _, (res,) = cudatools.assemble(ptx, "sm_80")
+    assert not res.spills
 
 
 @needs_cuda

@@ -4,6 +4,7 @@ import yaml
 
 from policy_exprs import spec_error
 from roller.device import load_device, shipped_specs
+from roller.gpu_reduce import reduction_shared_bytes
 
 GPUS = ("v100", "a100", "h100", "rtx4090")
 ARCH = {"v100": "sm_70", "a100": "sm_80", "h100": "sm_90", "rtx4090": "sm_89"}
@@ -181,6 +182,13 @@ def test_gpu_plans_follow_the_rules(gpu, case):
         thread, block = p.tiles
         assert p.levels == ("reg", "smem") and p.vector_axis is None
         assert p.problem([a.name for a in e.axes]) is None                       # blocks nest thread tiles
+        if p.gpu.get("reduce_threads"):  # a block-level reduction (tests/test_gpu_reduce.py has its rules)
+            r = p.gpu["reduce_threads"]
+            rows = gpu_rules.threads_per_block(e, thread, block)
+            assert p.gpu["threads"] == rows * r and r % 32 == 0 and rows * r <= 1024
+            assert p.gpu["shared_bytes"] == reduction_shared_bytes(rows, r, dev)
+            assert p.packed == () and p.storage_pad == {} and case == "rows"
+            continue
         threads = gpu_rules.threads_per_block(e, thread, block)
         assert threads == p.gpu["threads"] and threads % 32 == 0 and threads <= 1024  # whole warps
         assert all(thread[a.name] == 1 for a in e.reduce_axes)                  # a thread's reduction is serial

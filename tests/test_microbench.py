@@ -58,7 +58,7 @@ def test_plan_is_json_and_rejects_gpus(spec):
     assert json.loads(json.dumps(plan)) == plan
     assert device_from_json(plan["device"]) == spec
     assert plan["sweep"] == {"one": [], "all": []} and plan["small"]["rows"] == [1, 16]
-    with pytest.raises(CalibrationError, match="CPUs only"):
+    with pytest.raises(CalibrationError, match="make_plan plans CPUs"):
         make_plan(dataclasses.replace(spec, kind="gpu"), 2)
 
 

@@ -16,6 +16,9 @@ its rows padded by the plan's bank padding (``storage_align``). Overhanging bloc
 (TVM's split bounds). A producer stage of the function (a convolution's zero padding) is folded into the
 shared copy, else it runs at root as its own kernel over blocks and threads.
 
+A block-level reduction plan (``RProgram.gpu["reduce_threads"]``, rows long and few) has its own loop
+structure: ``roller.codegen.cuda_reduce``.
+
 The same schedule compiles for CUDA (``target_for(device)``) and for OpenCL (``roller.codegen.opencl``),
 which runs on a CPU without a GPU to check the numbers.
 """
@@ -29,7 +32,7 @@ from ..device import Device
 from ..errors import BuildError
 from ..expr import REDUCE, Expr
 from ..rprogram import RProgram
-from .cpu import _check_program, _fuse_axes, _main_block, _producer_of, _read_index, _storage_pad, _try
+from .schedutil import check_program, fuse_axes, main_block, producer_of, read_index, storage_pad, try_step
 from .launch import KernelLaunch, kernel_launches, lower
 
 ROOT_THREADS = 256  # threads per block of a producer stage that runs as its own kernel
@@ -42,15 +45,25 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     would be misaligned; TVM's ScheduleError passes through for a primitive that does not apply."""
     import tvm
 
-    _check_program(expr, program)
+    check_program(expr, program)
     if len(program.tiles) != 2 or not program.gpu:
         raise BuildError(f"{expr.name}: device {device.name!r} is of kind 'gpu' but the plan is not a GPU plan "
                          f"(levels {list(program.levels)}, no block resources); construct it for this device")
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
-    block = _main_block(sch, expr)
-    axis_loop = _fuse_axes(sch, block, expr)
+    if program.gpu.get("tensor_core"):  # fp16 matmul on the tensor cores (roller.gpu_tensorcore)
+        from .cuda_tensorcore import schedule_tensorcore
+
+        schedule_tensorcore(sch, expr, program, device, notes)
+        return sch
+    if program.gpu.get("reduce_threads"):  # the threads of a block share rows (roller.gpu_reduce)
+        from .cuda_reduce import schedule_block_reduction
+
+        schedule_block_reduction(sch, expr, program, device, notes, _bind_root)
+        return sch
+    block = main_block(sch, expr)
+    axis_loop = fuse_axes(sch, block, expr)
 
     interleaved = list(program.gpu.get("interleaved", ()))
     vthread = {a: f"vthread.{d}" for a, d in zip(reversed(interleaved), "xyz")}
@@ -90,27 +103,27 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     if outer_r:
         acc = sch.cache_write(block, 0, "local")
         for c in consumers:  # elementwise epilogues join the write-back
-            _try(None, "inline", sch.reverse_compute_inline, c)
+            try_step(None, "inline", sch.reverse_compute_inline, c)
         sch.reverse_compute_at(acc, tx)
     else:
         for c in consumers:
-            _try(None, "inline", sch.reverse_compute_inline, c)
+            try_step(None, "inline", sch.reverse_compute_inline, c)
     for c in sch.get_consumers(acc if outer_r else block):
         notes.append(f"{sch.get(c).name_hint} runs as its own kernel")
         _bind_root(sch, c)
 
     copy_lanes = program.gpu.get("copy_lanes", {})
     for t in expr.inputs:
-        idx = _read_index(sch, block, t.name)
+        idx = read_index(sch, block, t.name)
         if idx is None or not outer_r or t.name not in program.packed:
             continue
-        stage = _producer_of(sch, block, t.name)
+        stage = producer_of(sch, block, t.name)
         shared = sch.cache_read(block, idx, "shared")
         sch.compute_at(shared, outer_r[-1])
-        if stage is not None and not _try(None, "inline", sch.compute_inline, stage):
+        if stage is not None and not try_step(None, "inline", sch.compute_inline, stage):
             notes.append(f"{sch.get(stage).name_hint} runs as its own kernel")
             _bind_root(sch, stage)
-        _storage_pad(sch, shared, program.storage_pad.get(t.name, 0))
+        storage_pad(sch, shared, program.storage_pad.get(t.name, 0))
         _cooperative_copy(sch, shared, n_threads, copy_lanes.get(t.name, 1), t.name)
 
     for lp in inner:
@@ -180,10 +193,12 @@ class CudaBuild:
         return max(self.resources, key=lambda r: (r.registers, r.shared_bytes))
 
 
-def gpu_limits(device: Device) -> dict[str, int]:
-    """The per-block limits ``tvm.s_tir.analysis.verify_gpu_code`` checks, from the device's spec."""
+def gpu_limits(device: Device, dynamic_shared: bool = False) -> dict[str, int]:
+    """The per-block limits ``tvm.s_tir.analysis.verify_gpu_code`` checks, from the device's spec; a kernel
+    with dynamic shared memory (the tensor-core plans) may use up to the opt-in limit (TVM's CUDA runtime
+    raises the kernel's limit at launch)."""
     g = device.gpu
-    return {"max_shared_memory_per_block": g.shared_per_block, "max_threads_per_block": g.max_threads_per_block,
+    return {"max_shared_memory_per_block": g.shared_per_block_optin if dynamic_shared else g.shared_per_block, "max_threads_per_block": g.max_threads_per_block,
             "max_thread_x": g.max_threads_per_block, "max_vector_bytes": 16}
 
 
@@ -194,7 +209,8 @@ def resource_problems(device: Device, program: RProgram, resources, verified: bo
     counted (an SM never runs more than the blocks it gets)."""
     from ..gpu_rules import occupancy
 
-    out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {gpu_limits(device)}"]
+    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
+    out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {limits}"]
     for r in resources:
         if r.registers > device.gpu.max_registers_per_thread:
             out.append(f"{r.kernel}: {r.registers} registers a thread, over {device.gpu.max_registers_per_thread}")
@@ -223,11 +239,14 @@ def build_cuda(func, expr: Expr, program: RProgram, device: Device, notes: list[
     arch = str(device.target.get("arch", ""))
     sch = schedule_cuda(func, expr, program, device, notes)
     target = target_for(device)
-    host, devices = lower(sch.mod, target)
-    limits = gpu_limits(device)
+    try:
+        host, devices = lower(sch.mod, target)
+        source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
+    except tvm.error.InternalError as e:  # a lowering pass rejects this plan's schedule: this candidate only
+        raise BuildError(f"{expr.name}: TVM could not lower the schedule: {(str(e).splitlines() or [''])[-1]}") from None
+    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
     verified = all(tvm.s_tir.analysis.verify_gpu_code(f, limits)
                    for m in devices.values() for f in m.functions.values())
-    source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
     ptx = cudatools.to_ptx(source, arch)
     cubin, resources = cudatools.assemble(ptx, arch)
     return CudaBuild(arch, source, ptx, cubin, tuple(resources), kernel_launches(host),

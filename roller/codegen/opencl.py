@@ -66,33 +66,60 @@ def unsupported(dtypes) -> str | None:
     return f"the OpenCL device {device.name} lacks {', '.join(lacking)}" if lacking else None
 
 
+class Launcher:
+    """An ``OpenCLProgram`` built once on the first OpenCL device: upload arrays, launch its kernels in order
+    (as many times as asked), read outputs back."""
+
+    def __init__(self, program: OpenCLProgram):
+        reason = missing()
+        if reason:
+            raise ToolchainError(reason)
+        import pyopencl as cl
+
+        self.cl, self.program = cl, program
+        device = next(d for p in cl.get_platforms() for d in p.get_devices())
+        self.ctx = cl.Context([device])
+        self.queue = cl.CommandQueue(self.ctx)
+        try:
+            self.built = cl.Program(self.ctx, program.source).build()
+        except cl.RuntimeError as e:
+            raise BuildError(f"the OpenCL twin does not compile on {device.name}: {e}") from None
+        self.kernels = {name: cl.Kernel(self.built, name) for name in {lc.kernel for lc in program.launches}}
+
+    def upload(self, arrays: Mapping[str, np.ndarray]) -> dict:
+        """Device buffers holding ``arrays`` (every buffer a kernel takes, by name)."""
+        mf = self.cl.mem_flags
+        return {name: (self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a)), a)
+                for name, a in arrays.items()}
+
+    def launch(self, bufs: dict) -> None:
+        """Enqueues every kernel call of the program once, in order."""
+        for launch in self.program.launches:
+            missing_bufs = [b for b in launch.buffers if b not in bufs]
+            if missing_bufs:
+                raise BuildError(f"kernel {launch.kernel} takes buffer(s) {missing_bufs} that were not given")
+            glob, local = launch.sizes()
+            self.kernels[launch.kernel](self.queue, glob, local, *[bufs[b][0] for b in launch.buffers])
+
+    def finish(self) -> None:
+        self.queue.finish()
+
+    def read(self, bufs: dict, outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+        out = {}
+        for name in outputs:
+            out[name] = np.empty_like(bufs[name][1])
+            self.cl.enqueue_copy(self.queue, out[name], bufs[name][0])
+        self.queue.finish()
+        return out
+
+    def run(self, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Uploads ``arrays``, runs the kernels once and returns the ``outputs``."""
+        bufs = self.upload(arrays)
+        self.launch(bufs)
+        return self.read(bufs, outputs)
+
+
 def run(program: OpenCLProgram, arrays: Mapping[str, np.ndarray], outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Runs the kernels of ``program`` in order on the first OpenCL device, on ``arrays`` (every buffer a
     kernel takes, by name: inputs with data, outputs with their shape), and returns the ``outputs``."""
-    reason = missing()
-    if reason:
-        raise ToolchainError(reason)
-    import pyopencl as cl
-
-    device = next(d for p in cl.get_platforms() for d in p.get_devices())
-    ctx = cl.Context([device])
-    queue = cl.CommandQueue(ctx)
-    try:
-        built = cl.Program(ctx, program.source).build()
-    except cl.RuntimeError as e:
-        raise BuildError(f"the OpenCL twin does not compile on {device.name}: {e}") from None
-    mf = cl.mem_flags
-    bufs = {name: cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
-            for name, a in arrays.items()}
-    for launch in program.launches:
-        missing_bufs = [b for b in launch.buffers if b not in bufs]
-        if missing_bufs:
-            raise BuildError(f"kernel {launch.kernel} takes buffer(s) {missing_bufs} that were not given")
-        glob, local = launch.sizes()
-        getattr(built, launch.kernel)(queue, glob, local, *[bufs[b] for b in launch.buffers])
-    out = {}
-    for name in outputs:
-        out[name] = np.empty_like(arrays[name])
-        cl.enqueue_copy(queue, out[name], bufs[name])
-    queue.finish()
-    return out
+    return Launcher(program).run(arrays, outputs)
