@@ -52,6 +52,7 @@ class CompiledModel:
     inputs: dict[str, tuple[tuple[int, ...], str]]
     report: list
     seconds: dict[str, float] = field(default_factory=dict)  # import, legalize, schedule, build, total
+    module: Any = field(default=None, repr=False)  # the scheduled Relax IRModule, before lowering
     _vm: Any = field(default=None, repr=False)
 
     @property
@@ -231,7 +232,9 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
-    passes = (convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    # folded before the layout conversion too: a Clip's bounds must be constants for its kernels to become
+    # Relax operators that the conversion sees through (see _layout_folder)
+    passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     with target:
         return tvm.transform.Sequential(passes)(mod)
@@ -246,23 +249,64 @@ _NUMPY_ELEMENTWISE = {"relax.isnan": np.isnan, "relax.where": np.where, "relax.a
                       "relax.sqrt": np.sqrt, "relax.logical_not": np.logical_not}
 
 
+def _extremum_kind(func) -> str | None:
+    """"maximum" / "minimum" when ``func`` is a TE elementwise max / min of a tensor and a 0-d bound (how
+    the ONNX frontend emits Clip: ``emit_te(topi.maximum, x, lo)``), else None."""
+    import tvm
+    from tvm import tirx
+
+    if len(func.params) != 3 or len(func.params[1].shape) != 0:
+        return None
+    sch = tvm.s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    body = sch.get(blocks[0]).body if len(blocks) == 1 else None
+    if not isinstance(body, tirx.BufferStore):
+        return None
+    value, kinds = body.value, {tirx.Max: "maximum", tirx.Min: "minimum"}
+    if type(value) not in kinds or not all(isinstance(x, tvm.ir.expr.TensorLoad) for x in (value.a, value.b)):
+        return None
+    return kinds[type(value)]
+
+
 def _layout_folder():
     """A Relax mutator folding ``permute_dims`` / ``reshape`` of constants, and elementwise operators of
-    constants (:data:`_NUMPY_ELEMENTWISE`), with numpy."""
+    constants (:data:`_NUMPY_ELEMENTWISE`), with numpy; and turning the ONNX frontend's Clip kernels (a
+    ``call_tir`` of a TE max / min with a constant bound, :func:`_extremum_kind`) into Relax's
+    ``maximum`` / ``minimum``: ConvertLayout cannot see into a ``call_tir`` and wrapped each in two
+    transposes, so MobileNetV2's ReLU6 ran as 35 functions of their own instead of conv epilogues."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     @mutator
     class _Fold(PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.mod = mod
+
         def constant(self, arg):
             if isinstance(arg, relax.Var):
                 arg = self.lookup_binding(arg)
             return arg.value.numpy() if isinstance(arg, tvm.ir.expr.Constant) else None
 
+        def extremum(self, call):
+            """relax.op.maximum / minimum for a Clip kernel's call_tir, else None."""
+            gv, args = call.args[0], call.args[1]
+            func = self.mod[gv] if isinstance(gv, tvm.ir.GlobalVar) and gv in self.mod.functions else None
+            if not isinstance(func, tvm.tirx.PrimFunc) or not isinstance(args, relax.Tuple) or len(args) != 2:
+                return None
+            bound = self.constant(args[1])
+            kind = _extremum_kind(func) if bound is not None else None
+            if kind is None:
+                return None
+            return getattr(relax.op, kind)(args[0], relax.const(bound, str(bound.dtype)))
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
             name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+            if name == "relax.call_tir":
+                op = self.extremum(call)
+                return call if op is None else op
             if name in _NUMPY_ELEMENTWISE:
                 args = [self.constant(a) for a in call.args]
                 dtype = getattr(call.ty, "dtype", None)  # the normalized call's tensor type
@@ -363,7 +407,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     ex = build_module(mod, target)
     seconds["build"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
-    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=sched.report, seconds=seconds)
+    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=sched.report, seconds=seconds,
+                         module=mod)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -318,6 +318,31 @@ def test_fused_function_against_numpy(case, device):
     assert all(r.scheduled_by != "none" for r in cm.report)
 
 
+def test_clip_after_conv_is_the_convs_epilogue(device):
+    """MobileNetV2's ReLU6 (Clip with constant bounds) fuses into the NHWC convolution: no transposes
+    around it and no function of its own; a Clip with only a lower bound too; a bound that is an input
+    (not a constant) stays a kernel of its own and is still right."""
+    rng = np.random.default_rng(3)
+    x, w, b = rng.normal(size=(1, 8, 10, 10)), rng.normal(size=(16, 8, 3, 3)), rng.normal(size=16)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
+    ref = _conv_ref(x, w, b, 1)
+    for clip, bounds, want in [(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]), [("lo", np.array(0.0)),
+                                                                                  ("hi", np.array(6.0))], np.clip(ref, 0, 6)),
+                               (helper.make_node("Clip", ["c", "lo"], ["y"]), [("lo", np.array(0.5))], np.maximum(ref, 0.5))]:
+        model = _graph([conv, clip], {"x": x.shape}, ref.shape, [("w", w), ("b", b)] + bounds)
+        cm = roller.compile_model(model, device)
+        np.testing.assert_allclose(cm.run({"x": x.astype(np.float32)})[0], want, rtol=1e-4, atol=1e-4)
+        names = [r.name for r in cm.report]
+        fused = [n for n in names if "conv2d" in n]
+        assert len(fused) == 1 and "maximum" in fused[0] and (len(bounds) == 1 or "minimum" in fused[0]), names
+        assert not any("maximum" in n for n in names if n not in fused), names
+    model = _graph([conv, helper.make_node("Clip", ["c", "lo"], ["y"])], {"x": x.shape, "lo": ()}, ref.shape,
+                   [("w", w), ("b", b)])
+    cm = roller.compile_model(model, device)
+    out = cm.run({"x": x.astype(np.float32), "lo": np.array(0.25, np.float32)})[0]
+    np.testing.assert_allclose(out, np.maximum(ref, 0.25), rtol=1e-4, atol=1e-4)
+
+
 def test_multi_output_function(device):
     """Split gives one function with two outputs: roller declines it (one output per operator), a
     fallback schedules it, both outputs are right."""
