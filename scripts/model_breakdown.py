@@ -1,0 +1,294 @@
+"""Where a whole model's time goes: each fused function roller built, timed alone, beside onnxruntime's
+own per-node profile of the same layers.
+
+    PYTHONPATH=$PWD python3 scripts/model_breakdown.py --model mobilenet_v2
+    PYTHONPATH=$PWD python3 scripts/model_breakdown.py --model resnet50 --rounds 5 --json out.json
+
+Roller's side: the model is compiled as ``roller compile --no-profile`` does; every distinct PrimFunc of
+the built library is called alone on random arguments of its real shapes (warm caches: its inputs stay in
+L2 between calls, unlike in the model) and timed in rounds (every function once a round, median of the
+rounds); its time in the model is that times its calls.
+
+onnxruntime's side: a session with ``enable_profiling`` (same threads as roller, default optimizations)
+runs the model ``--ort-runs`` times; each node's median duration is taken from the profile. Layers are
+matched by what they compute, not by name: an anchor (convolution, matmul, pool, mean, softmax, layer
+norm) is keyed by (kind, output elements, elements of its second input (weights) or its input), which
+does not depend on layout (NCHW, NHWC, NCHWc) or fusion. onnxruntime's elementwise nodes are charged to
+the anchor they follow in the ONNX graph (through elementwise nodes on their first input), as roller fuses
+them there; its nodes that follow no anchor (layout reorders, transposes, reshapes) are listed apart, as
+are roller's functions without an anchor (layout transforms, copies, unfused elementwise work).
+
+Also printed: the model end to end (roller's VM and a plain onnxruntime session, timed alternately in
+this process), so the sums of the parts show the VM's and onnxruntime's overhead between functions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, one definition
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+from bench_models import _models  # noqa: E402
+from roller.timing import median_seconds, time_alternately  # noqa: E402
+
+# Anchor kinds: roller's fused-function names start with TVM's operator name, ONNX nodes have op types
+# (onnxruntime's fused ones included).
+ROLLER_KIND = {"conv2d": "conv", "matmul": "matmul", "max_pool2d": "pool", "avg_pool2d": "pool",
+               "adaptive_avg_pool2d": "mean", "mean": "mean", "softmax": "softmax", "fast_softmax": "softmax",
+               "layer_norm": "layer_norm"}
+ONNX_KIND = {"Conv": "conv", "FusedConv": "conv", "MatMul": "matmul", "FusedMatMul": "matmul", "Gemm": "matmul",
+             "MaxPool": "pool", "AveragePool": "pool", "GlobalAveragePool": "mean", "ReduceMean": "mean",
+             "Softmax": "softmax", "LayerNormalization": "layer_norm", "SkipLayerNormalization": "layer_norm"}
+WEIGHTED = ("conv", "matmul")  # keyed by their second input (the weights, or the other matrix)
+# ONNX operators charged to the anchor before them (roller fuses them into its function)
+ELEMENTWISE = {"Add", "Mul", "Sub", "Div", "Relu", "Clip", "Erf", "Gelu", "BiasGelu", "FastGelu", "Sigmoid",
+               "Tanh", "BatchNormalization", "Sqrt", "Pow", "Max", "Min"}
+
+
+def _numel(shape) -> int:
+    return int(np.prod([int(d) for d in shape], dtype=np.int64))
+
+
+def anchor_key(kind: str, out_shape, in_shapes) -> tuple:
+    """(kind, output elements, elements of the weights (conv, matmul) or of the input)."""
+    src = in_shapes[1] if kind in WEIGHTED and len(in_shapes) > 1 else in_shapes[0]
+    return (kind, _numel(out_shape), _numel(src))
+
+
+def roller_kind(name: str) -> str | None:
+    """The anchor kind of a fused function from its name (``fused_conv2d3_add2_relu`` -> conv), or None."""
+    first = re.sub(r"^fused_", "", name).split("_")
+    for n in (3, 2, 1):  # longest operator name first: adaptive_avg_pool2d, max_pool2d, conv2d
+        op = re.sub(r"\d+$", "", "_".join(first[:n]))
+        if op in ROLLER_KIND:
+            return ROLLER_KIND[op]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# roller
+
+def roller_functions(cm, rounds: int, target: float) -> list[dict]:
+    """Each distinct PrimFunc the model calls, in call order: name, calls, rule, key, median us a call."""
+    import tvm
+    import tvm_ffi  # noqa: F401  (tvm's FFI types)
+
+    from roller.frontend import random_arrays
+    from roller.relax import call_counts
+
+    counts = call_counts(cm.module)
+    lib = cm.executable.mod.imports[0]
+    by_name = {r.name: r for r in cm.report}
+    rows, calls = [], []
+    for name, n in counts.items():
+        func = cm.module[name]
+        params = [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in func.params]
+        arrays = random_arrays({str(i): s for i, s in enumerate(params)}, seed=1)
+        args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays.values()]
+        fn = lib.get_function(name)
+        kind = roller_kind(name)
+        shapes = [s for s, _ in params]
+        rep = by_name.get(name)
+        rows.append({"name": name, "calls": n, "kind": kind, "scheduled_by": rep.scheduled_by if rep else "?",
+                     "key": anchor_key(kind, shapes[-1], shapes[:-1]) if kind else None,
+                     "shapes": [list(s) for s in shapes], "times": []})
+        calls.append(lambda fn=fn, args=args: fn(*args))
+    for _ in range(rounds):
+        for row, call in zip(rows, calls):
+            row["times"].append(median_seconds(call, target, repeats=1))
+    for row in rows:
+        row["us"] = statistics.median(row.pop("times")) * 1e6
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime
+
+def _named(proto):
+    """A copy of ``proto`` whose nodes all have unique names (the profile names nodes by them)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for i, node in enumerate(out.graph.node):
+        node.name = f"n{i}_{node.op_type}"
+    return out
+
+
+def onnx_anchors(proto) -> tuple[dict, dict]:
+    """(ONNX node name -> anchor key of the anchor it belongs to, tensor name -> producing node name).
+    An elementwise node belongs to the anchor found through elementwise nodes on its first input."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    shapes = {i.name: list(i.dims) for i in proto.graph.initializer}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        shapes.setdefault(vi.name, [d.dim_value for d in vi.type.tensor_type.shape.dim])
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    owner: dict[str, tuple | None] = {}
+    for n in proto.graph.node:  # topological order
+        kind = ONNX_KIND.get(n.op_type)
+        if kind:
+            owner[n.name] = anchor_key(kind, shapes[n.output[0]], [shapes.get(i, [0]) for i in n.input])
+        elif n.op_type in ELEMENTWISE and n.input and n.input[0] in producer:
+            owner[n.name] = owner.get(producer[n.input[0]].name)
+        else:
+            owner[n.name] = None
+    return owner, {t: n.name for t, n in producer.items()}
+
+
+def ort_profile(proto, threads: int, runs: int) -> list[dict]:
+    """Each node onnxruntime ran: name, op, median us per run, anchor key (its own for an anchor, the
+    anchor it follows for an elementwise node, None otherwise)."""
+    import onnxruntime as ort
+
+    from roller.frontend import onnx_inputs, random_arrays
+
+    proto = _named(proto)
+    owner, node_of = onnx_anchors(proto)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feeds = random_arrays(onnx_inputs(proto), seed=1)
+    for _ in range(3):
+        sess.run(None, feeds)  # warm-up runs are profiled too: dropped below
+    for _ in range(runs):
+        sess.run(None, feeds)
+    events = json.load(open(sess.end_profiling()))
+    durations: dict[str, list[float]] = defaultdict(list)
+    info: dict[str, dict] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        name = e["name"][: -len("_kernel_time")]
+        durations[name].append(float(e["dur"]))
+        info[name] = e["args"]
+    rows = []
+    for name, ds in durations.items():
+        a = info[name]
+        op = a.get("op_name", "?")
+        kind = ONNX_KIND.get(op)
+        ins = [list(next(iter(s.values()))) for s in a.get("input_type_shape", [])]
+        outs = [list(next(iter(s.values()))) for s in a.get("output_type_shape", [])]
+        # an ONNX node by name, or a fused one named after its output tensor (r0_nchwc): the ONNX graph's
+        # shapes (the profile's are onnxruntime's own: NCHWc pads 24 channels to 32); else the profile's
+        base = name[: -len("_nchwc")] if name.endswith("_nchwc") else name
+        base = base if base in owner else node_of.get(base, "")
+        if base in owner:
+            key = owner[base]
+        else:
+            key = anchor_key(kind, outs[0], ins) if kind and ins and outs else None
+        rows.append({"name": name, "op": op, "key": key, "us": statistics.median(ds[-runs:])})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None) -> dict:
+    import roller
+    from roller import frontend
+    from roller.tvmutil import set_threads
+
+    dev = roller.load_device(device)
+    set_threads(dev.units.count)
+    proto = _models()[model]()
+    cm = roller.compile_model(proto, dev, name=model)
+    funcs = roller_functions(cm, rounds, target)
+    nodes = ort_profile(proto, dev.units.count, ort_runs)
+    feeds = cm.random_inputs()
+    sess = frontend.onnxruntime_session(proto, dev.units.count)
+    ends = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
+                            rounds=rounds, target=0.1, repeats=1)
+    ort_by_key: dict[tuple, list[dict]] = defaultdict(list)
+    for n in nodes:
+        if n["key"] is not None:
+            ort_by_key[n["key"]].append(n)
+    roller_calls_by_key: dict[tuple, int] = defaultdict(int)
+    for f in funcs:
+        if f["key"] is not None:
+            roller_calls_by_key[f["key"]] += f["calls"]
+    for f in funcs:
+        f["total_us"] = f["us"] * f["calls"]
+        matched = ort_by_key.get(f["key"], []) if f["key"] else []
+        if matched:  # functions sharing a key (same layer shape, different epilogue) share its ORT time
+            share = f["calls"] / roller_calls_by_key[f["key"]]
+            f["ort_us"] = sum(n["us"] for n in matched) * share
+            f["ort_ops"] = sorted({n["op"] for n in matched})
+        else:
+            f["ort_us"], f["ort_ops"] = None, []
+    matched_keys = {f["key"] for f in funcs if f["key"] in ort_by_key}
+    ort_alone: dict[str, list[float]] = defaultdict(list)
+    for n in nodes:
+        if n["key"] not in matched_keys:
+            ort_alone[n["op"]].append(n["us"])
+    return {"model": model, "device": dev.name, "load": os.getloadavg(), "functions": funcs,
+            "ort_unmatched": {op: {"nodes": len(v), "us": sum(v)} for op, v in ort_alone.items()},
+            "roller_sum_us": sum(f["total_us"] for f in funcs), "ort_sum_us": sum(n["us"] for n in nodes),
+            "roller_model_us": ends["roller"] * 1e6, "ort_model_us": ends["onnxruntime"] * 1e6,
+            "rounds": rounds, "ort_runs": ort_runs}
+
+
+def table(res: dict) -> str:
+    funcs = sorted(res["functions"], key=lambda f: -f["total_us"])
+    total = res["roller_sum_us"] or 1.0
+    lines = [f"### {res['model']} (device {res['device']}, load {res['load'][0]:.2f})", "",
+             "| function | rule | calls | roller us/call | roller us | onnxruntime us (nodes) | ort / roller "
+             "| share of roller |", "|---|---|---|---|---|---|---|---|"]
+    for f in funcs:
+        ort = f"{f['ort_us']:.0f} ({', '.join(f['ort_ops'])})" if f["ort_us"] is not None else "- (no node)"
+        ratio = f"{f['ort_us'] / f['total_us']:.2f}" if f["ort_us"] is not None and f["total_us"] else "-"
+        lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} | {f['total_us']:.0f} | "
+                     f"{ort} | {ratio} | {f['total_us'] / total:.1%} |")
+    glue = [f for f in funcs if f["ort_us"] is None]
+    lines += ["", f"roller functions with no onnxruntime counterpart (layout transforms, copies, unfused "
+                  f"elementwise): {len(glue)} functions, {sum(f['calls'] for f in glue)} calls, "
+                  f"{sum(f['total_us'] for f in glue):.0f} us ({sum(f['total_us'] for f in glue) / total:.1%})"]
+    un = res["ort_unmatched"]
+    lines.append("onnxruntime nodes matched to no roller function: "
+                 + (", ".join(f"{op} x{v['nodes']} {v['us']:.0f} us" for op, v in sorted(un.items())) or "none"))
+    lines += [f"sum of parts: roller {res['roller_sum_us']:.0f} us, onnxruntime {res['ort_sum_us']:.0f} us "
+              f"(profiled run; median of {res['ort_runs']})",
+              f"end to end (alternated, median of {res['rounds']}): roller {res['roller_model_us']:.0f} us, "
+              f"onnxruntime {res['ort_model_us']:.0f} us, ort / roller {res['ort_model_us'] / res['roller_model_us']:.2f}; "
+              f"roller's VM beyond its parts {res['roller_model_us'] - res['roller_sum_us']:+.0f} us, "
+              f"onnxruntime beyond its nodes {res['ort_model_us'] - res['ort_sum_us']:+.0f} us"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mobilenet_v2", help="one of: " + ", ".join(_models()))
+    p.add_argument("--device", default=None)
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds over all functions (median)")
+    p.add_argument("--ort-runs", type=int, default=20, help="profiled onnxruntime runs (median per node)")
+    p.add_argument("--target", type=float, default=0.01, help="seconds per function per round")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    args = p.parse_args(argv)
+    if args.model not in _models():
+        p.error(f"unknown model {args.model!r}; choose from {', '.join(_models())}")
+    t = time.perf_counter()
+    res = breakdown(args.model, args.rounds, args.ort_runs, args.target, args.device)
+    print(table(res))
+    print(f"({time.perf_counter() - t:.0f} s; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=list))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
