@@ -10,7 +10,8 @@ L2 between calls, unlike in the model) and timed in rounds (every function once 
 rounds); its time in the model is that times its calls.
 
 onnxruntime's side: a session with ``enable_profiling`` (same threads as roller, default optimizations)
-runs the model ``--ort-runs`` times; each node's median duration is taken from the profile. Layers are
+runs the model ``--ort-runs`` times, in turns with roller's rounds; each node's median duration is taken
+from the profile. Layers are
 matched by what they compute, not by name: an anchor (convolution, matmul, pool, mean, softmax, layer
 norm) is keyed by (kind, output elements, elements of its second input (weights) or its input), which
 does not depend on layout (NCHW, NHWC, NCHWc) or fusion. onnxruntime's elementwise nodes are charged to
@@ -41,7 +42,7 @@ sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
 
 from bench_models import _models  # noqa: E402
-from roller.timing import median_seconds, time_alternately  # noqa: E402
+from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: E402
 
 # Anchor kinds: roller's fused-function names start with TVM's operator name, ONNX nodes have op types
 # (onnxruntime's fused ones included).
@@ -80,10 +81,10 @@ def roller_kind(name: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # roller
 
-def roller_functions(cm, rounds: int, target: float) -> list[dict]:
-    """Each distinct PrimFunc the model calls, in call order: name, calls, rule, key, median us a call."""
+def roller_functions(cm) -> tuple[list[dict], list]:
+    """Each distinct PrimFunc the model calls, in call order (name, calls, rule, key, shapes), and a
+    no-argument callable per function running it alone on random arguments of its shapes."""
     import tvm
-    import tvm_ffi  # noqa: F401  (tvm's FFI types)
 
     from roller.frontend import random_arrays
     from roller.relax import call_counts
@@ -103,14 +104,9 @@ def roller_functions(cm, rounds: int, target: float) -> list[dict]:
         rep = by_name.get(name)
         rows.append({"name": name, "calls": n, "kind": kind, "scheduled_by": rep.scheduled_by if rep else "?",
                      "key": anchor_key(kind, shapes[-1], shapes[:-1]) if kind else None,
-                     "shapes": [list(s) for s in shapes], "times": []})
+                     "shapes": [list(s) for s in shapes]})
         calls.append(lambda fn=fn, args=args: fn(*args))
-    for _ in range(rounds):
-        for row, call in zip(rows, calls):
-            row["times"].append(median_seconds(call, target, repeats=1))
-    for row in rows:
-        row["us"] = statistics.median(row.pop("times")) * 1e6
-    return rows
+    return rows, calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +125,8 @@ def _named(proto):
 
 def onnx_anchors(proto) -> tuple[dict, dict]:
     """(ONNX node name -> anchor key of the anchor it belongs to, tensor name -> producing node name).
-    An elementwise node belongs to the anchor found through elementwise nodes on its first input."""
+    An elementwise node belongs to the latest anchor (in graph order) reached through elementwise nodes
+    on its inputs: where Relax's fusion puts it (a residual add joins the matmul before it)."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(proto)
@@ -137,63 +134,78 @@ def onnx_anchors(proto) -> tuple[dict, dict]:
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         shapes.setdefault(vi.name, [d.dim_value for d in vi.type.tensor_type.shape.dim])
     producer = {o: n for n in proto.graph.node for o in n.output}
-    owner: dict[str, tuple | None] = {}
-    for n in proto.graph.node:  # topological order
+    owner: dict[str, tuple | None] = {}  # node -> (position of its anchor, anchor key) or None
+    for pos, n in enumerate(proto.graph.node):  # topological order
         kind = ONNX_KIND.get(n.op_type)
         if kind:
-            owner[n.name] = anchor_key(kind, shapes[n.output[0]], [shapes.get(i, [0]) for i in n.input])
-        elif n.op_type in ELEMENTWISE and n.input and n.input[0] in producer:
-            owner[n.name] = owner.get(producer[n.input[0]].name)
+            owner[n.name] = (pos, anchor_key(kind, shapes[n.output[0]], [shapes.get(i, [0]) for i in n.input]))
+        elif n.op_type in ELEMENTWISE:
+            found = [owner.get(producer[i].name) for i in n.input if i in producer]
+            owner[n.name] = max((f for f in found if f), default=None)
         else:
             owner[n.name] = None
-    return owner, {t: n.name for t, n in producer.items()}
+    return {n: o[1] if o else None for n, o in owner.items()}, {t: n.name for t, n in producer.items()}
 
 
-def ort_profile(proto, threads: int, runs: int) -> list[dict]:
-    """Each node onnxruntime ran: name, op, median us per run, anchor key (its own for an anchor, the
-    anchor it follows for an elementwise node, None otherwise)."""
-    import onnxruntime as ort
+class OrtProfile:
+    """An onnxruntime session with ``enable_profiling`` (threads as roller's, default optimizations):
+    :meth:`run` runs the model, :meth:`nodes` reads the profile once the runs are done."""
 
-    from roller.frontend import onnx_inputs, random_arrays
+    WARMUP = 3
 
-    proto = _named(proto)
-    owner, node_of = onnx_anchors(proto)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.enable_profiling = True
-    opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    feeds = random_arrays(onnx_inputs(proto), seed=1)
-    for _ in range(3):
-        sess.run(None, feeds)  # warm-up runs are profiled too: dropped below
-    for _ in range(runs):
-        sess.run(None, feeds)
-    events = json.load(open(sess.end_profiling()))
-    durations: dict[str, list[float]] = defaultdict(list)
-    info: dict[str, dict] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
-            continue
-        name = e["name"][: -len("_kernel_time")]
-        durations[name].append(float(e["dur"]))
-        info[name] = e["args"]
-    rows = []
-    for name, ds in durations.items():
-        a = info[name]
-        op = a.get("op_name", "?")
-        kind = ONNX_KIND.get(op)
-        ins = [list(next(iter(s.values()))) for s in a.get("input_type_shape", [])]
-        outs = [list(next(iter(s.values()))) for s in a.get("output_type_shape", [])]
-        # an ONNX node by name, or a fused one named after its output tensor (r0_nchwc): the ONNX graph's
-        # shapes (the profile's are onnxruntime's own: NCHWc pads 24 channels to 32); else the profile's
-        base = name[: -len("_nchwc")] if name.endswith("_nchwc") else name
-        base = base if base in owner else node_of.get(base, "")
-        if base in owner:
-            key = owner[base]
-        else:
-            key = anchor_key(kind, outs[0], ins) if kind and ins and outs else None
-        rows.append({"name": name, "op": op, "key": key, "us": statistics.median(ds[-runs:])})
-    return rows
+    def __init__(self, proto, threads: int):
+        import onnxruntime as ort
+
+        from roller.frontend import onnx_inputs, random_arrays
+
+        self.proto = _named(proto)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
+        self.sess = ort.InferenceSession(self.proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.feeds = random_arrays(onnx_inputs(self.proto), seed=1)
+        self.runs = 0
+        for _ in range(self.WARMUP):
+            self.sess.run(None, self.feeds)
+
+    def run(self, times: int) -> None:
+        for _ in range(times):
+            self.sess.run(None, self.feeds)
+        self.runs += times
+
+    def nodes(self) -> list[dict]:
+        """Each node onnxruntime ran: name, op, median us per run (warm-up runs dropped), anchor key (its
+        own for an anchor, the anchor it follows for an elementwise node, None otherwise)."""
+        owner, node_of = onnx_anchors(self.proto)
+        events = json.load(open(self.sess.end_profiling()))
+        durations: dict[str, list[float]] = defaultdict(list)
+        info: dict[str, dict] = {}
+        for e in events:
+            if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+                continue
+            name = e["name"][: -len("_kernel_time")]
+            durations[name].append(float(e["dur"]))
+            info[name] = e["args"]
+        rows = []
+        for name, ds in durations.items():
+            a = info[name]
+            op = a.get("op_name", "?")
+            kind = ONNX_KIND.get(op)
+            ins = [list(next(iter(s.values()))) for s in a.get("input_type_shape", [])]
+            outs = [list(next(iter(s.values()))) for s in a.get("output_type_shape", [])]
+            # an ONNX node by name, or a fused one named after its output tensor (r0_nchwc): the ONNX
+            # graph's shapes (the profile's are onnxruntime's own: NCHWc pads 24 channels to 32)
+            # (graph transformers name a node after the one they replace: n5_MatMul/MatMulAddFusion)
+            base = name.split("/")[0]
+            base = base[: -len("_nchwc")] if base.endswith("_nchwc") else base
+            base = base if base in owner else node_of.get(base, "")
+            if base in owner:
+                key = owner[base]
+            else:
+                key = anchor_key(kind, outs[0], ins) if kind and ins and outs else None
+            rows.append({"name": name, "op": op, "key": key, "us": statistics.median(ds[-self.runs:])})
+        return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +220,18 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     set_threads(dev.units.count)
     proto = _models()[model]()
     cm = roller.compile_model(proto, dev, name=model)
-    funcs = roller_functions(cm, rounds, target)
-    nodes = ort_profile(proto, dev.units.count, ort_runs)
+    funcs, calls = roller_functions(cm)
+    prof = OrtProfile(proto, dev.units.count)
+    times: list[list[float]] = [[] for _ in funcs]
+    for r in range(rounds):  # roller's functions and onnxruntime's profiled runs alternate
+        time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.timing)
+        for t, call in zip(times, calls):
+            t.append(median_seconds(call, target, repeats=1))
+        time.sleep(SETTLE_SECONDS)
+        prof.run(ort_runs // rounds + (r < ort_runs % rounds))
+    for f, t in zip(funcs, times):
+        f["us"] = statistics.median(t) * 1e6
+    nodes = prof.nodes()
     feeds = cm.random_inputs()
     sess = frontend.onnxruntime_session(proto, dev.units.count)
     ends = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
