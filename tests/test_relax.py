@@ -529,8 +529,10 @@ def _fused(model, device):
 
 
 def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device):
-    """Softmax over 8 x 64: rows parallel, vector partial sums for max and sum (rfactor, local), exp kept
-    in a buffer computed at the row loop (one row of it after compaction), x - max inlined."""
+    """Softmax over 8 x 64: rows parallel, vector partial sums for max and sum (rfactor) in one vector a
+    row on the stack (no workspace allocation a row), exp kept in a buffer computed at the row loop (one
+    row of it after compaction), x - max inlined, the division by the sum a multiplication by its
+    reciprocal."""
     from roller.relax import RollerRule
 
     model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
@@ -545,7 +547,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     assert plan["inlined"] == ["T_softmax_delta"] and "T_fast_exp" in plan["blocks"]
     assert plan["blocks_exprs"]["T_fast_exp"]["flops_per_point"] > 10
     text = sch.mod["main"].script()
-    assert "T.parallel" in text and "T.vectorized" in text and 'scope="local"' in text
+    assert "T.parallel" in text and "T.vectorized" in text and "T.float32(1.0) /" in text
     # the exp buffer shrinks to one row once lowering compacts it: every block runs at the row loop
     from tvm.s_tir import transform as st
 
@@ -553,6 +555,14 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
         st.PlanAndUpdateBufferAllocationLocation()(sch.mod)))["main"].script()
     alloc = next(ln for ln in compact.splitlines() if "T_fast_exp = T.sblock_alloc_buffer" in ln)
     assert "((T.int64(1), T.int64(64)))" in alloc, alloc  # not 8 x 64
+    lanes = device.units.lanes("float32")
+    partial = [ln for ln in compact.splitlines() if "_rf = T.sblock_alloc_buffer" in ln]
+    assert len(partial) == 2 and all(f"((T.int64(1), T.int64({lanes})))" in ln for ln in partial), partial
+    import tvm
+
+    asm = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
+                      tvmutil.target_for(device)).mod.inspect_source("asm")
+    assert "TVMBackendAllocWorkspace@" not in asm  # a "local" buffer was allocated a row
 
 
 def test_row_plan_reduction_lanes():
