@@ -259,7 +259,8 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
 def test_a_residual_epilogue_streams_at_the_write_back():
     """A fused residual (an input shaped like the output, no reduction axis) is read once per output point
     at the write-back: it holds no register-tile space and moves once per spatial tile, so the register
-    tile is the one without it; a bias (part of the output's axes) still counts (rtile.epilogue_inputs)."""
+    tile is the one without it; a bias still counts unless the output's other axes have extent 1 (a GEMV)
+    (rtile.epilogue_inputs)."""
     from policy_exprs import acc
     from roller.rtile import epilogue_inputs, traffic
 
@@ -268,6 +269,9 @@ def test_a_residual_epilogue_streams_at_the_write_back():
     bias = dataclasses.replace(base, inputs=base.inputs + (acc("b", (768,), {"j": 1}),))
     assert epilogue_inputs(residual) == {"R"} and epilogue_inputs(bias) == frozenset()
     assert epilogue_inputs(base) == epilogue_inputs(elementwise(64, 64)) == frozenset()
+    gemv = matmul(1, 1000, 1280)  # a classifier: its bias is one value per output point
+    gemv = dataclasses.replace(gemv, inputs=gemv.inputs + (acc("b", (1000,), {"j": 1}),))
+    assert epilogue_inputs(gemv) == {"b"}
     device = cpu()
     first = lambda e: construct(e, device, 1).programs[0].tiles[0]  # noqa: E731
     assert first(residual) == first(base)
