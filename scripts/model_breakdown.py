@@ -211,17 +211,18 @@ class OrtProfile:
 # ---------------------------------------------------------------------------------------------
 # The table
 
-def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None) -> dict:
+def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None, threads: int | None = None) -> dict:
     import roller
     from roller import frontend
     from roller.tvmutil import set_threads
 
     dev = roller.load_device(device)
-    set_threads(dev.units.count)
+    threads = threads or dev.units.count
+    set_threads(threads)  # (unless TVM_NUM_THREADS is set)
     proto = _models()[model]()
     cm = roller.compile_model(proto, dev, name=model)
     funcs, calls = roller_functions(cm)
-    prof = OrtProfile(proto, dev.units.count)
+    prof = OrtProfile(proto, threads)
     times: list[list[float]] = [[] for _ in funcs]
     for r in range(rounds):  # roller's functions and onnxruntime's profiled runs alternate
         time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.timing)
@@ -233,7 +234,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
         f["us"] = statistics.median(t) * 1e6
     nodes = prof.nodes()
     feeds = cm.random_inputs()
-    sess = frontend.onnxruntime_session(proto, dev.units.count)
+    sess = frontend.onnxruntime_session(proto, threads)
     ends = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
                             rounds=rounds, target=0.1, repeats=1)
     ort_by_key: dict[tuple, list[dict]] = defaultdict(list)
@@ -258,7 +259,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     for n in nodes:
         if n["key"] not in matched_keys:
             ort_alone[n["op"]].append(n["us"])
-    return {"model": model, "device": dev.name, "load": os.getloadavg(), "functions": funcs,
+    return {"model": model, "device": dev.name, "load": os.getloadavg(), "threads": threads, "functions": funcs,
             "ort_unmatched": {op: {"nodes": len(v), "us": sum(v)} for op, v in ort_alone.items()},
             "roller_sum_us": sum(f["total_us"] for f in funcs), "ort_sum_us": sum(n["us"] for n in nodes),
             "roller_model_us": ends["roller"] * 1e6, "ort_model_us": ends["onnxruntime"] * 1e6,
@@ -268,7 +269,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
 def table(res: dict) -> str:
     funcs = sorted(res["functions"], key=lambda f: -f["total_us"])
     total = res["roller_sum_us"] or 1.0
-    lines = [f"### {res['model']} (device {res['device']}, load {res['load'][0]:.2f})", "",
+    lines = [f"### {res['model']} (device {res['device']}, {res['threads']} thread(s), load {res['load'][0]:.2f})", "",
              "| function | rule | calls | roller us/call | roller us | onnxruntime us (nodes) | ort / roller "
              "| share of roller |", "|---|---|---|---|---|---|---|---|"]
     for f in funcs:
@@ -299,12 +300,16 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="timing rounds over all functions (median)")
     p.add_argument("--ort-runs", type=int, default=20, help="profiled onnxruntime runs (median per node)")
     p.add_argument("--target", type=float, default=0.01, help="seconds per function per round")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for roller and onnxruntime (default: the device's cores; 1 is steadier on a shared machine)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args(argv)
     if args.model not in _models():
         p.error(f"unknown model {args.model!r}; choose from {', '.join(_models())}")
     t = time.perf_counter()
-    res = breakdown(args.model, args.rounds, args.ort_runs, args.target, args.device)
+    if args.threads:
+        os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    res = breakdown(args.model, args.rounds, args.ort_runs, args.target, args.device, args.threads)
     print(table(res))
     print(f"({time.perf_counter() - t:.0f} s; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})")
     if args.json:
