@@ -298,10 +298,11 @@ def _case_reshape_transpose(rng):
     return model, {"x": x}, x.transpose(0, 2, 1, 3).reshape(1, 6, 16), "transpose", "generic"
 
 
-# softmax rows of 32: roller's row plan; rows of 77 end in a partial vector: dlight's (rows.not_worth_it);
+# softmax rows of 32: roller's row plan; rows of 77 end in a partial vector: roller's too (partial sums of
+# 11 lanes, the last vector of the elementwise blocks split off);
 # one row of 1000: roller's (one row in partial sums of 10 lanes)
 CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _softmax_case((2, 6, 32)),
-         _softmax_case((1, 3, 7, 77), "dlight.Reduction"), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
+         _softmax_case((1, 3, 7, 77)), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
          _case_rms_norm, _case_mean_then_normalize, _case_relu6, _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
 
 
