@@ -63,9 +63,10 @@ def _numel(shape) -> int:
 
 
 def anchor_key(kind: str, out_shape, in_shapes) -> tuple:
-    """(kind, output elements, elements of the weights (conv, matmul) or of the input)."""
-    src = in_shapes[1] if kind in WEIGHTED and len(in_shapes) > 1 else in_shapes[0]
-    return (kind, _numel(out_shape), _numel(src))
+    """(kind, output elements, elements of the input, of the weights (conv, matmul; 0 otherwise)): the
+    input tells a strided convolution from one with the same output and weights."""
+    weights = _numel(in_shapes[1]) if kind in WEIGHTED and len(in_shapes) > 1 else 0
+    return (kind, _numel(out_shape), _numel(in_shapes[0]), weights)
 
 
 def roller_kind(name: str) -> str | None:
@@ -76,6 +77,17 @@ def roller_kind(name: str) -> str | None:
         if op in ROLLER_KIND:
             return ROLLER_KIND[op]
     return None
+
+
+def cpu_seconds(fn, target: float) -> float:
+    """Seconds of this thread's CPU time per call of ``fn``, over calls for about ``target`` CPU seconds
+    (after one warm-up call)."""
+    fn()
+    n, t0 = 0, time.thread_time()
+    while time.thread_time() - t0 < target or n < 2:
+        fn()
+        n += 1
+    return (time.thread_time() - t0) / n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,14 +177,23 @@ class OrtProfile:
         opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
         self.sess = ort.InferenceSession(self.proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         self.feeds = random_arrays(onnx_inputs(self.proto), seed=1)
-        self.runs = 0
+        self.runs, self.wall, self.cpu = 0, 0.0, 0.0
         for _ in range(self.WARMUP):
             self.sess.run(None, self.feeds)
 
     def run(self, times: int) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
         for _ in range(times):
             self.sess.run(None, self.feeds)
+        self.wall += time.perf_counter() - wall
+        self.cpu += time.thread_time() - cpu
         self.runs += times
+
+    @property
+    def cpu_share(self) -> float:
+        """The calling thread's CPU time over the wall time of the profiled runs: with one thread, the share
+        of the core the other jobs on the machine left to onnxruntime."""
+        return self.cpu / self.wall if self.wall else 1.0
 
     def nodes(self) -> list[dict]:
         """Each node onnxruntime ran: name, op, median us per run (warm-up runs dropped), anchor key (its
@@ -224,10 +245,14 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     funcs, calls = roller_functions(cm)
     prof = OrtProfile(proto, threads)
     times: list[list[float]] = [[] for _ in funcs]
+    # one thread: TVM and onnxruntime run on this thread, so its CPU time is immune to the other jobs on a
+    # shared machine (onnxruntime's profiled node times stay wall times: under load, ResNet-50's summed to
+    # its end-to-end CPU time while its runs got 55% of the core: the preemption fell outside its nodes)
+    one = threads == 1
     for r in range(rounds):  # roller's functions and onnxruntime's profiled runs alternate
         time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.timing)
         for t, call in zip(times, calls):
-            t.append(median_seconds(call, target, repeats=1))
+            t.append(cpu_seconds(call, target) if one else median_seconds(call, target, repeats=1))
         time.sleep(SETTLE_SECONDS)
         prof.run(ort_runs // rounds + (r < ort_runs % rounds))
     for f, t in zip(funcs, times):
@@ -235,8 +260,16 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     nodes = prof.nodes()
     feeds = cm.random_inputs()
     sess = frontend.onnxruntime_session(proto, threads)
-    ends = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
-                            rounds=rounds, target=0.1, repeats=1)
+    impls = [("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))]
+    if one:
+        ends = {k: [] for k, _ in impls}
+        for _ in range(rounds):
+            for k, fn in impls:
+                time.sleep(SETTLE_SECONDS)
+                ends[k].append(cpu_seconds(fn, 0.1))
+        ends = {k: statistics.median(v) for k, v in ends.items()}
+    else:
+        ends = time_alternately(impls, rounds=rounds, target=0.1, repeats=1)
     ort_by_key: dict[tuple, list[dict]] = defaultdict(list)
     for n in nodes:
         if n["key"] is not None:
@@ -263,7 +296,8 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
             "ort_unmatched": {op: {"nodes": len(v), "us": sum(v)} for op, v in ort_alone.items()},
             "roller_sum_us": sum(f["total_us"] for f in funcs), "ort_sum_us": sum(n["us"] for n in nodes),
             "roller_model_us": ends["roller"] * 1e6, "ort_model_us": ends["onnxruntime"] * 1e6,
-            "rounds": rounds, "ort_runs": ort_runs}
+            "rounds": rounds, "ort_runs": ort_runs, "clock": "thread CPU time" if one else "wall",
+            "ort_cpu_share": prof.cpu_share}
 
 
 def table(res: dict) -> str:
@@ -284,7 +318,10 @@ def table(res: dict) -> str:
     un = res["ort_unmatched"]
     lines.append("onnxruntime nodes matched to no roller function: "
                  + (", ".join(f"{op} x{v['nodes']} {v['us']:.0f} us" for op, v in sorted(un.items())) or "none"))
-    lines += [f"sum of parts: roller {res['roller_sum_us']:.0f} us, onnxruntime {res['ort_sum_us']:.0f} us "
+    lines += [f"clock: {res['clock']}" + (f" for roller's functions and both models end to end; onnxruntime's nodes "
+                                          f"as profiled (wall; its runs got {res['ort_cpu_share']:.0%} of the core)"
+                                          if res["clock"] != "wall" else ""),
+              f"sum of parts: roller {res['roller_sum_us']:.0f} us, onnxruntime {res['ort_sum_us']:.0f} us "
               f"(profiled run; median of {res['ort_runs']})",
               f"end to end (alternated, median of {res['rounds']}): roller {res['roller_model_us']:.0f} us, "
               f"onnxruntime {res['ort_model_us']:.0f} us, ort / roller {res['ort_model_us'] / res['roller_model_us']:.2f}; "
