@@ -255,28 +255,3 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
     assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
 
-
-def test_a_residual_epilogue_streams_at_the_write_back():
-    """A fused residual (an input shaped like the output, no reduction axis) is read once per output point
-    at the write-back: it holds no register-tile space and moves once per spatial tile, so the register
-    tile is the one without it; a bias still counts unless the output's other axes have extent 1 (a GEMV)
-    (rtile.epilogue_inputs)."""
-    from policy_exprs import acc
-    from roller.rtile import epilogue_inputs, traffic
-
-    base = matmul(128, 768, 768)
-    residual = dataclasses.replace(base, inputs=base.inputs + (acc("R", (128, 768), {"i": 1}, {"j": 1}),))
-    bias = dataclasses.replace(base, inputs=base.inputs + (acc("b", (768,), {"j": 1}),))
-    assert epilogue_inputs(residual) == {"R"} and epilogue_inputs(bias) == frozenset()
-    assert epilogue_inputs(base) == epilogue_inputs(elementwise(64, 64)) == frozenset()
-    gemv = matmul(1, 1000, 1280)  # a classifier: its bias is one value per output point
-    gemv = dataclasses.replace(gemv, inputs=gemv.inputs + (acc("b", (1000,), {"j": 1}),))
-    assert epilogue_inputs(gemv) == {"b"}
-    device = cpu()
-    first = lambda e: construct(e, device, 1).programs[0].tiles[0]  # noqa: E731
-    assert first(residual) == first(base)
-    rules = LevelRules.of(device, 0, residual)
-    tile = {"i": 4, "j": 64, "k": 4}
-    assert footprint(residual, tile, rules) == footprint(base, tile, rules) < footprint(bias, tile, rules)
-    spatial = tile_counts(residual, tile)[1]
-    assert traffic(residual, tile, rules) - traffic(base, tile, rules) == 4 * 64 * 4 * spatial
