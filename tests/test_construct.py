@@ -254,4 +254,3 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     assert strided == pytest.approx(64 * 64 * 6 * (1 / 0.5 - 1))  # 64 rows of 64 B per tile, 6 tiles, at 50%
     assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
     assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
-
