@@ -52,9 +52,10 @@ class CompiledModel:
     inputs: dict[str, tuple[tuple[int, ...], str]]
     report: list
     seconds: dict[str, float] = field(default_factory=dict)  # import, legalize, schedule, build, total
-    # when ``executable`` calls kernels of the kernel cache by name (roller.model_cache): the module with
-    # every scheduled function in place, which export compiles into one self-contained library
-    standalone: Any = field(default=None, repr=False)
+    module: Any = field(default=None, repr=False)  # the scheduled Relax IRModule, before lowering
+    # True where ``executable`` calls kernels of the kernel cache by name (roller.model_cache): export then
+    # compiles ``module`` (every scheduled function in place) into one self-contained library
+    calls_cache: bool = False
     _vm: Any = field(default=None, repr=False)
 
     @property
@@ -101,7 +102,7 @@ class CompiledModel:
         out.mkdir(parents=True, exist_ok=True)
         lib = out / f"{self.name}.so"
         from .tvmutil import target_for
-        ex = self.executable if self.standalone is None else build_module(self.standalone, target_for(self.device))
+        ex = build_module(self.module, target_for(self.device)) if self.calls_cache else self.executable
         ex.export_library(str(lib))
         rep = out / f"{self.name}.json"
         rep.write_text(json.dumps(self.to_dict(), indent=2))
@@ -236,7 +237,9 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
     fast = [relax.transform.FastMathTransform()] if fast_math else []
     fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
-    passes = (convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    # folded before the layout conversion too: a Clip's bounds must be constants for its kernels to become
+    # Relax operators that the conversion sees through (see _layout_folder)
+    passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     with target:
         return tvm.transform.Sequential(passes)(mod)
@@ -251,23 +254,64 @@ _NUMPY_ELEMENTWISE = {"relax.isnan": np.isnan, "relax.where": np.where, "relax.a
                       "relax.sqrt": np.sqrt, "relax.logical_not": np.logical_not}
 
 
+def _extremum_kind(func) -> str | None:
+    """"maximum" / "minimum" when ``func`` is a TE elementwise max / min of a tensor and a 0-d bound (how
+    the ONNX frontend emits Clip: ``emit_te(topi.maximum, x, lo)``), else None."""
+    import tvm
+    from tvm import tirx
+
+    if len(func.params) != 3 or len(func.params[1].shape) != 0:
+        return None
+    sch = tvm.s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    body = sch.get(blocks[0]).body if len(blocks) == 1 else None
+    if not isinstance(body, tirx.BufferStore):
+        return None
+    value, kinds = body.value, {tirx.Max: "maximum", tirx.Min: "minimum"}
+    if type(value) not in kinds or not all(isinstance(x, tvm.ir.expr.TensorLoad) for x in (value.a, value.b)):
+        return None
+    return kinds[type(value)]
+
+
 def _layout_folder():
     """A Relax mutator folding ``permute_dims`` / ``reshape`` of constants, and elementwise operators of
-    constants (:data:`_NUMPY_ELEMENTWISE`), with numpy."""
+    constants (:data:`_NUMPY_ELEMENTWISE`), with numpy; and turning the ONNX frontend's Clip kernels (a
+    ``call_tir`` of a TE max / min with a constant bound, :func:`_extremum_kind`) into Relax's
+    ``maximum`` / ``minimum``: ConvertLayout cannot see into a ``call_tir`` and wrapped each in two
+    transposes, so MobileNetV2's ReLU6 ran as 35 functions of their own instead of conv epilogues."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     @mutator
     class _Fold(PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.mod = mod
+
         def constant(self, arg):
             if isinstance(arg, relax.Var):
                 arg = self.lookup_binding(arg)
             return arg.value.numpy() if isinstance(arg, tvm.ir.expr.Constant) else None
 
+        def extremum(self, call):
+            """relax.op.maximum / minimum for a Clip kernel's call_tir, else None."""
+            gv, args = call.args[0], call.args[1]
+            func = self.mod[gv] if isinstance(gv, tvm.ir.GlobalVar) and gv in self.mod.functions else None
+            if not isinstance(func, tvm.tirx.PrimFunc) or not isinstance(args, relax.Tuple) or len(args) != 2:
+                return None
+            bound = self.constant(args[1])
+            kind = _extremum_kind(func) if bound is not None else None
+            if kind is None:
+                return None
+            return getattr(relax.op, kind)(args[0], relax.const(bound, str(bound.dtype)))
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
             name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+            if name == "relax.call_tir":
+                op = self.extremum(call)
+                return call if op is None else op
             if name in _NUMPY_ELEMENTWISE:
                 args = [self.constant(a) for a in call.args]
                 dtype = getattr(call.ty, "dtype", None)  # the normalized call's tensor type
@@ -366,10 +410,10 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     mod = legalize_and_fuse(mod, target, layout, fast_math)
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
-    standalone = None
-    if cache and not profile:  # every function from the kernel cache or compiled alone into it
+    calls_cache = cache and not profile
+    if calls_cache:  # every function from the kernel cache or compiled alone into it
         from .model_cache import schedule_and_build
-        ex, report, standalone, seconds["build"] = schedule_and_build(mod, dev, verify)
+        ex, report, mod, seconds["build"] = schedule_and_build(mod, dev, verify)
         seconds["schedule"] = time.perf_counter() - t - seconds["build"]
     else:
         sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget)
@@ -381,7 +425,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
         seconds["build"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=report, seconds=seconds,
-                         standalone=standalone)
+                         module=mod, calls_cache=calls_cache)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ processes and, through Redis, machines). The Relax module then calls each cached
 second process compiling the same model loads the libraries and compiles only the Relax part.
 
 Such an executable depends on those registrations: :meth:`roller.frontend.CompiledModel.export` compiles
-the scheduled functions into one self-contained library instead (kept as ``standalone``).
+the scheduled functions into one self-contained library instead (``CompiledModel.module``).
 """
 from __future__ import annotations
 

@@ -176,15 +176,13 @@ class RollerRule(Rule):
         analyses' reasons when it is not one."""
         from .analysis import analyze_rows
         from .codegen.rows import schedule_rows
-        from .rows import not_worth_it, plan_rows
+        from .rows import plan_rows
 
         try:
             fn, norm = analyze_rows(func)
         except RollerError as e:
             return None, f"{why_not_one}; as a row-wise function: {e}"
         plan = plan_rows(fn, device)
-        if not_worth_it(plan):
-            return None, f"{why_not_one}; as a row-wise function: {not_worth_it(plan)}"
         notes: list[str] = []
         try:
             sch = schedule_rows(norm, plan, notes)

@@ -147,18 +147,3 @@ def predict_rows(fn: RowFunction, device: Device, inlined: tuple[str, ...], vect
     lane_sums = len(vector) * fn.rows * red_lanes * LANE_SUM_CYCLES * cycle_seconds(device)
     compute = (work + lane_sums) / units
     return max(memory, compute) + launch_seconds(device, units)
-
-
-
-def not_worth_it(plan: RowPlan) -> str | None:
-    """Why dlight's Reduction rule should schedule a function instead of this plan, or None.
-
-    Several rows that end in a partial vector: the rows in parallel with the elementwise blocks
-    vectorized are what dlight's rule does too, and its scalar reductions were as fast as partial sums
-    over a divisor of the row (11 lanes) or faster: one process, alternating, loaded machine, softmax
-    3x77x77 roller 0.78-0.97x of dlight's time, 12x1x33 0.71-0.75x. One row (dlight's schedule of a
-    single row ran a 1000-wide softmax in ~3-5 ms, roller's in ~3 us) and whole vectors (BERT's 128-wide
-    softmax 1.8-3.3x, 768-wide layer norms 3-7x faster) keep the plan."""
-    if plan.tail and plan.parallel:
-        return "its rows end in a partial vector, where dlight's Reduction rule was as fast or faster"
-    return None

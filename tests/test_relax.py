@@ -298,10 +298,11 @@ def _case_reshape_transpose(rng):
     return model, {"x": x}, x.transpose(0, 2, 1, 3).reshape(1, 6, 16), "transpose", "generic"
 
 
-# softmax rows of 32: roller's row plan; rows of 77 end in a partial vector: dlight's (rows.not_worth_it);
+# softmax rows of 32: roller's row plan; rows of 77 end in a partial vector: roller's too (partial sums of
+# 11 lanes, the last vector of the elementwise blocks split off);
 # one row of 1000: roller's (one row in partial sums of 10 lanes)
 CASES = [_case_conv_bias_relu, _case_conv_residual, _case_matmul_bias_gelu, _softmax_case((2, 6, 32)),
-         _softmax_case((1, 3, 7, 77), "dlight.Reduction"), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
+         _softmax_case((1, 3, 7, 77)), _softmax_case((1, 1000)), _case_layer_norm, _case_layer_norm_one_row,
          _case_rms_norm, _case_mean_then_normalize, _case_relu6, _case_reduce_mean, _case_max_pool, _case_batch_norm_relu, _case_transpose, _case_reshape_transpose]
 
 
@@ -316,6 +317,31 @@ def test_fused_function_against_numpy(case, device):
     assert len(main) == 1, cm.report
     assert main[0].scheduled_by == rule, main[0]
     assert all(r.scheduled_by != "none" for r in cm.report)
+
+
+def test_clip_after_conv_is_the_convs_epilogue(device):
+    """MobileNetV2's ReLU6 (Clip with constant bounds) fuses into the NHWC convolution: no transposes
+    around it and no function of its own; a Clip with only a lower bound too; a bound that is an input
+    (not a constant) stays a kernel of its own and is still right."""
+    rng = np.random.default_rng(3)
+    x, w, b = rng.normal(size=(1, 8, 10, 10)), rng.normal(size=(16, 8, 3, 3)), rng.normal(size=16)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
+    ref = _conv_ref(x, w, b, 1)
+    for clip, bounds, want in [(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]), [("lo", np.array(0.0)),
+                                                                                  ("hi", np.array(6.0))], np.clip(ref, 0, 6)),
+                               (helper.make_node("Clip", ["c", "lo"], ["y"]), [("lo", np.array(0.5))], np.maximum(ref, 0.5))]:
+        model = _graph([conv, clip], {"x": x.shape}, ref.shape, [("w", w), ("b", b)] + bounds)
+        cm = roller.compile_model(model, device)
+        np.testing.assert_allclose(cm.run({"x": x.astype(np.float32)})[0], want, rtol=1e-4, atol=1e-4)
+        names = [r.name for r in cm.report]
+        fused = [n for n in names if "conv2d" in n]
+        assert len(fused) == 1 and "maximum" in fused[0] and (len(bounds) == 1 or "minimum" in fused[0]), names
+        assert not any("maximum" in n for n in names if n not in fused), names
+    model = _graph([conv, helper.make_node("Clip", ["c", "lo"], ["y"])], {"x": x.shape, "lo": ()}, ref.shape,
+                   [("w", w), ("b", b)])
+    cm = roller.compile_model(model, device)
+    out = cm.run({"x": x.astype(np.float32), "lo": np.array(0.25, np.float32)})[0]
+    np.testing.assert_allclose(out, np.maximum(ref, 0.25), rtol=1e-4, atol=1e-4)
 
 
 def test_multi_output_function(device):
@@ -504,8 +530,10 @@ def _fused(model, device):
 
 
 def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device):
-    """Softmax over 8 x 64: rows parallel, vector partial sums for max and sum (rfactor, local), exp kept
-    in a buffer computed at the row loop (one row of it after compaction), x - max inlined."""
+    """Softmax over 8 x 64: rows parallel, vector partial sums for max and sum (rfactor) in one vector a
+    row on the stack (no workspace allocation a row), exp kept in a buffer computed at the row loop (one
+    row of it after compaction), x - max inlined, the division by the sum a multiplication by its
+    reciprocal."""
     from roller.relax import RollerRule
 
     model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
@@ -520,7 +548,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     assert plan["inlined"] == ["T_softmax_delta"] and "T_fast_exp" in plan["blocks"]
     assert plan["blocks_exprs"]["T_fast_exp"]["flops_per_point"] > 10
     text = sch.mod["main"].script()
-    assert "T.parallel" in text and "T.vectorized" in text and 'scope="local"' in text
+    assert "T.parallel" in text and "T.vectorized" in text and "T.float32(1.0) /" in text
     # the exp buffer shrinks to one row once lowering compacts it: every block runs at the row loop
     from tvm.s_tir import transform as st
 
@@ -528,6 +556,14 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
         st.PlanAndUpdateBufferAllocationLocation()(sch.mod)))["main"].script()
     alloc = next(ln for ln in compact.splitlines() if "T_fast_exp = T.sblock_alloc_buffer" in ln)
     assert "((T.int64(1), T.int64(64)))" in alloc, alloc  # not 8 x 64
+    lanes = device.units.lanes("float32")
+    partial = [ln for ln in compact.splitlines() if "_rf = T.sblock_alloc_buffer" in ln]
+    assert len(partial) == 2 and all(f"((T.int64(1), T.int64({lanes})))" in ln for ln in partial), partial
+    import tvm
+
+    asm = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
+                      tvmutil.target_for(device)).mod.inspect_source("asm")
+    assert "TVMBackendAllocWorkspace@" not in asm  # a "local" buffer was allocated a row
 
 
 def test_row_plan_reduction_lanes():

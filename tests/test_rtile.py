@@ -133,3 +133,32 @@ def test_axis_fusion_keeps_matmul_and_fuses_only_what_all_tensors_agree_on():
     assert [(a.name, a.extent, a.kind) for a in f.axes] == [("i", 4, SPATIAL), ("k1_k2", 30, REDUCE)]
     assert f.inputs[0].shape == (4, 30)
     assert fuse_axes(reduce_rows(4, 5)).axes == reduce_rows(4, 5).axes  # spatial and reduce never fuse
+
+
+def test_a_residual_epilogue_streams_at_the_write_back():
+    """A fused residual (an input shaped like the output, no reduction axis) is read once per output point
+    at the write-back: it holds no register-tile space and moves once per spatial tile, so the register
+    tile is the one without it; a bias still counts unless the output's other axes have extent 1 (a GEMV)
+    (rtile.epilogue_inputs)."""
+    import dataclasses
+
+    from policy_exprs import acc
+    from roller.construct import construct
+    from roller.rtile import epilogue_inputs, tile_counts, traffic
+
+    base = matmul(128, 768, 768)
+    residual = dataclasses.replace(base, inputs=base.inputs + (acc("R", (128, 768), {"i": 1}, {"j": 1}),))
+    bias = dataclasses.replace(base, inputs=base.inputs + (acc("b", (768,), {"j": 1}),))
+    assert epilogue_inputs(residual) == {"R"} and epilogue_inputs(bias) == frozenset()
+    assert epilogue_inputs(base) == epilogue_inputs(elementwise(64, 64)) == frozenset()
+    gemv = matmul(1, 1000, 1280)  # a classifier: its bias is one value per output point
+    gemv = dataclasses.replace(gemv, inputs=gemv.inputs + (acc("b", (1000,), {"j": 1}),))
+    assert epilogue_inputs(gemv) == {"b"}
+    device = cpu()
+    first = lambda e: construct(e, device, 1).programs[0].tiles[0]  # noqa: E731
+    assert first(residual) == first(base)
+    rules = LevelRules.of(device, 0, residual)
+    tile = {"i": 4, "j": 64, "k": 4}
+    assert footprint(residual, tile, rules) == footprint(base, tile, rules) < footprint(bias, tile, rules)
+    spatial = tile_counts(residual, tile)[1]
+    assert traffic(residual, tile, rules) - traffic(base, tile, rules) == 4 * 64 * 4 * spatial
