@@ -241,7 +241,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     threads = threads or dev.units.count
     set_threads(threads)  # (unless TVM_NUM_THREADS is set)
     proto = _models()[model]()
-    cm = roller.compile_model(proto, dev, name=model)
+    cm = roller.compile_model(proto, dev, name=model, cache=False)  # every function in the one library
     funcs, calls = roller_functions(cm)
     prof = OrtProfile(proto, threads)
     times: list[list[float]] = [[] for _ in funcs]
