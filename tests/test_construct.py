@@ -180,7 +180,7 @@ def test_model_by_hand_memory_bound_elementwise():
 
 
 def test_calibrated_figures_change_the_prediction():
-    e = matmul(512, 512, 512)
+    e = matmul(1024, 1024, 1024)  # 12 MiB: in L3 between calls (3 MiB would stay in the 4 units' L2)
     tiles = list(construct(e, DEV, topk=1).programs[0].tiles)
     fast = DEV.with_calibration({"peak_gflops": {"float32": 200.0}})
     before, after = estimate(e, tiles, DEV), estimate(e, tiles, fast)
