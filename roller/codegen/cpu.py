@@ -322,14 +322,10 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
         return
     n = int(ext)
     run = int(sch.get(block).annotations.get(LANE_RUN, 0))
-    if 1 < run < lanes and n % run == 0:  # runs of one element broadcast (see roller.ops.LANE_RUN)
-        if n > run:
-            _, inner = sch.split(inner, [None, run])
-        _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
-        return
-    if n >= lanes and n % lanes == 0:
-        if n > lanes:
-            _, inner = sch.split(inner, [None, lanes])
+    width = run if 1 < run < lanes and n % run == 0 else lanes  # runs of one element broadcast (LANE_RUN)
+    if n >= width and n % width == 0:
+        if n > width:
+            _, inner = sch.split(inner, [None, width])
         _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
 
@@ -366,7 +362,8 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
     if n > lanes and n % lanes == 0:
         src_outer, src_inner = sch.split(src_inner, [None, lanes])
     dst = own[-1]
-    if src_outer is not None and _loop_extent(sch, dst) > lanes and _loop_extent(sch, dst) % lanes == 0:
+    m = _loop_extent(sch, dst)
+    if src_outer is not None and m > lanes and m % lanes == 0:
         # square blocks: lanes source rows at a time, not every row of the tile
         dst_outer, dst = sch.split(dst, [None, lanes])
         sch.reorder(dst_outer, src_outer, dst, src_inner)
