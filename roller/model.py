@@ -29,8 +29,8 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
-from .rtile import (LevelRules, compute_lanes, layout_expr, level_footprints, packing, round_up, tensor_footprint,
-                    tile_counts, traffic)
+from .rtile import (LevelRules, compute_lanes, copied_stages, layout_expr, level_footprints, packing, round_up,
+                    tensor_footprint, tile_counts, traffic)
 from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options,
                     tiling_extents, transposed_elements)
 
@@ -338,7 +338,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
             bw = min(bw, below.total_bandwidth_gbps / units)
         mem[lv.name] = q / (bw * 1e9)
         traf[lv.name] = q
-    staged = tuple(packed) + tuple(n for n in expr.inlinable if n not in inlined)
+    staged = tuple(packed) + copied_stages(expr, inlined)
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial

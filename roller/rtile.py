@@ -396,7 +396,7 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
         region = t.region(top)
         if not t.packed_order:  # a transposed layout is always a packed copy
             if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
-                if len(region) >= 2 and t.name in expr.inlinable and t.name not in inlined:
+                if len(region) >= 2 and t.name in copied_stages(expr, inlined):
                     pad = vector_row_pad(t, region, rules.vector_axis, rules.lanes)  # the staged window
                     if pad:
                         pads[t.name] = pad
@@ -409,6 +409,12 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
         if row - region[-1] + pad:
             pads[t.name] = row - region[-1] + max(1 if pad else 0, pad // t.elem_bytes)
     return tuple(packed), pads
+
+
+def copied_stages(expr: Expr, inlined: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The inputs whose zero-padding stage (``Expr.inlinable``) a plan copies per top tile: those it does
+    not read in place (``inlined``)."""
+    return tuple(n for n in expr.inlinable if n not in inlined)
 
 
 def vector_row_pad(t: TensorAccess, region: tuple[int, ...], vector_axis: str | None, lanes: int) -> int:
