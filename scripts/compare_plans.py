@@ -13,7 +13,9 @@ this thread's CPU seconds, so the other work shifts every implementation alike.
 
 A plan is ``RANK`` or ``RANK:EDIT;EDIT...``; an edit is ``AXIS=SIZE,SIZE,...`` (one size per memory level,
 nearest compute first) or ``FIELD=NAME+NAME`` for ``padded``, ``predicated``, ``packed`` or ``inlined``
-(empty: none), or ``storage_pad=NAME:ELEMENTS+...`` (row padding of the copies; empty: none). An edited plan keeps the model's prediction of the original (printed as ``pred``).
+(empty: none), or ``storage_pad=NAME:ELEMENTS+...`` (row padding of the copies; empty: none). ``pred`` is the
+model's prediction for the plan as edited (its tiles, vector axis, padded axes and inlined stages; the model
+derives packing from the tiles itself, so an edited ``packed`` field is not reflected in it).
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def main() -> None:
     from roller import ops
     from roller.api import analyze
     from roller.codegen import build
+    from roller.model import estimate
     from roller.profile import TOLERANCE
 
     from bench_suite import _pairs
@@ -92,8 +95,9 @@ def main() -> None:
         tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
         kernel(*tensors)
         np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=text)
-        print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred "
-              f"{ranked[int(rank)].predicted_seconds * 1e6:.1f} us; " + program.describe().replace("\n", " | "))
+        pred = estimate(expr, program.tiles, device, program.vector_axis, program.padded, program.inlined).seconds
+        print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred {pred * 1e6:.1f} us; "
+              + program.describe().replace("\n", " | "))
         impls.append((text, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
     if not args.no_torch:
         try:

@@ -50,6 +50,14 @@ class _AxisLoops:
     levels: list             # LoopRV per level, reg first: levels[l] iterates level l-1 tiles in a level-l tile
 
 
+# Storage scope of the accumulator tiles (the cache_write tile, the partial sums of rfactor). TVM's host
+# lowering allocates every "local" buffer through TVMBackendAllocWorkspace, whatever its size, and LLVM
+# cannot keep a tile behind that call's pointer in registers; a default-scope ("global") buffer under 1 KiB
+# becomes a stack array, which it can (larger ones still go through the workspace). One thread, one A/B
+# process: depthwise 3x3 on 28x28x144, 7x16 accumulators: 22.3 -> 15.2 us.
+ACCUMULATOR_SCOPE = "global"
+
+
 def _loop_extent(sch, loop) -> int:
     return int(sch.get(loop).extent)
 
@@ -157,7 +165,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         # rfactor rebuilds the loop nest (reduce LoopRVs go stale): find every loop again by position
         pos = {id(lp): i for i, lp in enumerate(order)}
         wb, block = block, rf
-        sch.set_scope(block, 0, "local")
+        sch.set_scope(block, 0, ACCUMULATOR_SCOPE)
         new = sch.get_loops(block)
         if len(new) != len(order):
             raise BuildError(f"{expr.name}: rfactor left {len(new)} loops around the partial sums, "
@@ -187,7 +195,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         if acc_at is not None:
             consumers = list(sch.get_consumers(wb))
             sch.reverse_compute_at(wb, acc_at)
-            writer = sch.cache_write(wb, 0, "local")
+            writer = sch.cache_write(wb, 0, ACCUMULATOR_SCOPE)
             for c in consumers:
                 _try(None, 'inline', sch.reverse_compute_inline, c)
             sch.reverse_compute_at(writer, acc_at)
@@ -196,7 +204,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             writer = wb
     elif reduce:
         if acc_at is not None:
-            writer = sch.cache_write(block, 0, "local")
+            writer = sch.cache_write(block, 0, ACCUMULATOR_SCOPE)
             for c in consumers:  # fold elementwise epilogues into the write-back
                 _try(None, 'inline', sch.reverse_compute_inline, c)
             sch.reverse_compute_at(writer, acc_at)
