@@ -11,6 +11,7 @@ Plans are ranked with roller.model; epsilon (the allowed padding waste) grows on
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -23,7 +24,7 @@ from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
-from .tails import inline_options, partial_sums, predicated_axes, tail_options, tiling_extents
+from .tails import STACK_ARRAY_BYTES, inline_options, partial_sums, predicated_axes, tail_options, tiling_extents
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -162,11 +163,28 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     variants = [grow(tile, a.name)[0][-1] for a in expr.axes if len(expr.axes) > 1]
     variants.sort(key=lambda t: traffic(expr, t, rules))
     picks = [path[-1]] + variants + ([first_bound] if first_bound is not None else []) + path[-2:-3:-1]
+    if index == 0 and expr.reduce_axes:
+        # the largest register tile on the way whose accumulators make a stack array, where they can live
+        # per register tile: the greedy end's would be a workspace buffer (model.WORKSPACE_TILE_CYCLES)
+        stack = [t for t in path if math.prod(expr.output.region(t)) * expr.output.elem_bytes < STACK_ARRAY_BYTES]
+        if stack and stack[-1] is not path[-1] and _reduction_fits_above(expr, device, stack[-1], vector_axis):
+            picks.insert(1, stack[-1])
     out = []
     for t in picks:
         if t not in out:
             out.append(t)
     return out[:BRANCH]
+
+
+def _reduction_fits_above(expr: Expr, device: Device, reg: Mapping[str, int], vector_axis: str | None) -> bool:
+    """Whether the next level can hold this register tile's whole reduction, the condition for its
+    accumulators to live per register tile (``tails.accumulator_tile``); else they live in a larger tile
+    whatever the register tile's size (a 1000^3 matmul's: the top tile)."""
+    if len(device.private_levels) < 2:
+        return False
+    whole = {a.name: (a.extent if a.kind == REDUCE else reg[a.name]) for a in expr.axes}
+    rules = LevelRules.of(device, 1, expr, vector_axis)
+    return footprint(expr, whole, rules) <= rules.capacity
 
 
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,

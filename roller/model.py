@@ -29,10 +29,10 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
-from .rtile import (LevelRules, compute_lanes, copied_stages, layout_expr, level_footprints, packing, round_up,
-                    tensor_footprint, tile_counts, traffic)
-from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options,
-                    tiling_extents, transposed_elements)
+from .rtile import (LevelRules, ceil_div, compute_lanes, copied_stages, layout_expr, level_footprints, packing,
+                    round_up, tensor_footprint, tile_counts, traffic)
+from .tails import (STACK_ARRAY_BYTES, accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes,
+                    scalar_fraction, tail_options, tiling_extents, transposed_elements)
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,26 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     return lines * UNTRACKED_LINE_CYCLES * cycle_seconds(device)
 
 
+# Cycles an accumulator tile of tails.STACK_ARRAY_BYTES or more costs each time its loop enters it: TVM
+# allocates it through TVMBackendAllocWorkspace (and frees it), zeroes it with memset and the write-back
+# reads it back from memory, where a smaller tile is a stack array held in registers. One thread, one A/B
+# process, a 1x1 conv 56x56, 24 -> 144 channels: register tiles of 8 x 48 outputs (1.5 KiB, 1176 tiles)
+# 157 us against 4 x 48 (768 B) 130 us; of 8 x 32 (1 KiB, 1960 tiles) 157.5 against 7 x 32 (896 B) 134.8:
+# 12-23 ns a tile, ~40 cycles at 2.3 GHz.
+WORKSPACE_TILE_CYCLES = 40
+
+
+def workspace_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+                      vector_axis: str | None) -> float:
+    """Seconds the whole operator (all units) spends on accumulator tiles too large for a stack array
+    (see WORKSPACE_TILE_CYCLES); 0 when they fit or there is no reduction."""
+    acc = accumulator_tile(expr, tiles, vector_axis, compute_lanes(expr, device))
+    if acc is None or math.prod(expr.output.region(acc)) * expr.output.elem_bytes < STACK_ARRAY_BYTES:
+        return 0.0
+    count = math.prod(ceil_div(a.extent, acc[a.name]) for a in expr.axes if a.kind != REDUCE)
+    return count * WORKSPACE_TILE_CYCLES * cycle_seconds(device)
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -342,6 +362,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
+             + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
     return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,
                     memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,

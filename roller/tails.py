@@ -122,6 +122,35 @@ def partial_sums(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, la
     return t > lanes or any(ceil_div(a.extent, reg[a.name]) > 1 for a in expr.reduce_axes)
 
 
+# Bytes under which the host lowering of TVM (0.27) makes an accumulator tile a stack array (its
+# kMaxStackAlloca; default-scope buffers only, see codegen.cpu.ACCUMULATOR_SCOPE); from this size on the
+# tile goes through TVMBackendAllocWorkspace each time its loop enters it.
+STACK_ARRAY_BYTES = 1024
+
+
+def accumulator_tile(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+                     lanes: int) -> dict[str, int] | None:
+    """The spatial tile of the output that code generation accumulates in one buffer (its cache_write,
+    attached above the first reduce loop that iterates more than once), or None without a reduction.
+
+    Code generation orders the loops grid, then per level from the top the loops over the level below
+    (spatial, then reduce), then the register tile's own loops; loops of one iteration are left out. So
+    the buffer holds the top tile when the reduction spans several top tiles, else the tile of the level
+    below the first level whose reduce loop iterates, else the register tile. (A reduced vector axis's
+    partial sums have a buffer of their own, not described here.)"""
+    reduce = [a.name for a in expr.axes if a.kind == REDUCE]
+    if not reduce:
+        return None
+    ext = tiling_extents(expr, vector_axis, lanes)
+    sizes = {a.name: clamp_tiles(ext[a.name], [t[a.name] for t in tiles]) for a in expr.axes}
+    top = len(tiles) - 1
+    if any(ceil_div(ext[a], sizes[a][top]) > 1 for a in reduce):
+        level = top
+    else:
+        level = next((l - 1 for l in range(top, 0, -1) if any(sizes[a][l] > sizes[a][l - 1] for a in reduce)), 0)
+    return {a.name: sizes[a.name][level] for a in expr.axes if a.kind != REDUCE}
+
+
 def rolled_reduce_axes(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, lanes: int,
                        registers: int) -> frozenset[str]:
     """Reduce axes whose register-tile loop code generation keeps rolled instead of unrolling.

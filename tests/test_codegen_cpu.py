@@ -3,6 +3,8 @@
 RPrograms are hand-written (not constructed) so these tests pin the codegen contract, independent of the
 policy: fused axes, tiles that overhang or exceed the extents, packed and unpacked inputs, padding stages.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -255,6 +257,32 @@ def test_small_accumulator_tile_is_a_stack_array(device):
     ex = run_against_numpy(spec, func, expr, program(expr, (1, 7, 1, 16, 3, 1), (1, 7, 7, 16, 3, 3),
                                                      (1, 14, 14, 16, 3, 3)), device, shape)
     assert "TVMBackendAllocWorkspace" not in ex.mod.inspect_source("ll")
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("op,shape,tiles", [
+    ("conv2d", dict(N=1, H=8, W=4, C=24, K=48, R=1, S=1),   # the whole reduction per register tile
+     ((1, 8, 1, 48, 1, 1, 1), (1, 8, 1, 48, 1, 1, 24), (1, 8, 2, 48, 1, 1, 24))),
+    ("conv2d", dict(N=1, H=8, W=4, C=24, K=48, R=1, S=1),   # the same, 768 B: a stack array
+     ((1, 4, 1, 48, 1, 1, 1), (1, 8, 1, 48, 1, 1, 24), (1, 8, 2, 48, 1, 1, 24))),
+    ("conv2d", dict(N=1, H=8, W=4, C=24, K=48, R=1, S=1),   # split across L1 tiles: the L1 tile's
+     ((1, 4, 1, 48, 1, 1, 1), (1, 8, 1, 48, 1, 1, 8), (1, 8, 2, 48, 1, 1, 24))),
+    ("matmul", dict(M=64, N=64, K=256), ((8, 32, 1), (16, 32, 32), (32, 64, 128))),  # across top tiles
+])
+def test_accumulator_buffer_is_the_tile_the_policy_names(device, op, shape, tiles):
+    """tails.accumulator_tile (what the model charges) names the buffer code generation allocates: a
+    workspace allocation of its size when it is 1 KiB or more, none when it is a stack array (these plans
+    pack nothing and have no padding stage: the accumulator is the only buffer)."""
+    import re
+
+    from roller.tails import STACK_ARRAY_BYTES, accumulator_tile
+    spec, func, expr = analysed(op, shape)
+    prog = program(expr, *tiles)
+    acc = accumulator_tile(expr, prog.tiles, prog.vector_axis, 16)
+    nbytes = math.prod(expr.output.region(acc)) * 4
+    ex = run_against_numpy(spec, func, expr, prog, device, shape)
+    sizes = [int(n) for n in re.findall(r"call ptr %\w+\(i32 1, i32 %dev_id, i64 (\d+)", ex.mod.inspect_source("ll"))]
+    assert sizes == ([nbytes] if nbytes >= STACK_ARRAY_BYTES else []), (acc, nbytes, sizes)
 
 
 @pytest.mark.build

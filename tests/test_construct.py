@@ -109,8 +109,10 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     assert best.tiles[0]["j"] % 16 == 0 and best.tiles[0]["i"] >= 4 and best.tiles[0]["k"] == 1
     assert "B" in best.packed  # B's rows are strided in the top tile and re-read by every row block
     # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile
-    # and of starting the parallel loop
-    assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * tile_overhead(DEV)
+    # (with the workspace allocation of its accumulator tile) and of starting the parallel loop
+    from roller.model import workspace_seconds
+    per_tile = tile_overhead(DEV) + workspace_seconds(e, best.tiles, DEV, best.vector_axis) / math.prod(best.grid.values())
+    assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * per_tile
                                                    + launch_seconds(DEV, 4), rel=1e-6)
 
 
@@ -317,3 +319,33 @@ def test_register_accumulators_stay_in_registers_through_levels_holding_one_regi
     from roller.model import estimate
     # the model now tells them apart: the 7-tile plan reloads its accumulators 11 times
     assert estimate(e, [reg, one, top], DEV, "k").seconds < estimate(e, [reg, seven, top], DEV, "k").seconds
+
+
+def test_the_accumulator_tile_is_where_code_generation_puts_it():
+    from roller.tails import accumulator_tile
+    e = conv2d_nhwc(1, 56, 56, 24, 144, 1, 1)
+    t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
+    reg = t(8, 1, 48, 1)
+    # the whole reduction (c = 24) in one L1 pass: the register tile's own buffer
+    assert accumulator_tile(e, [reg, t(56, 1, 48, 24), t(56, 14, 144, 24)], "k", 16) == {"n": 1, "h": 8, "w": 1, "k": 48}
+    # the reduction split across L1 tiles (3 chunks of 8): the L1 tile's, reloaded per chunk
+    assert accumulator_tile(e, [reg, t(56, 1, 48, 8), t(56, 14, 144, 24)], "k", 16) == {"n": 1, "h": 56, "w": 1, "k": 48}
+    # across top tiles (a matmul's long K): the top tile
+    m = matmul(1000, 1000, 1000)
+    tiles = [{"i": 8, "j": 48, "k": 1}, {"i": 40, "j": 48, "k": 48}, {"i": 200, "j": 144, "k": 336}]
+    assert accumulator_tile(m, tiles, "j", 16) == {"i": 200, "j": 144}
+    assert accumulator_tile(elementwise(64, 64), [{"a0": 1, "a1": 16}] * 3, "a1", 16) is None
+
+
+def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
+    from roller.model import WORKSPACE_TILE_CYCLES, cycle_seconds, workspace_seconds
+    e = conv2d_nhwc(1, 56, 56, 24, 144, 1, 1)
+    t = lambda h, k, c: {"n": 1, "h": h, "w": 1, "k": k, "r": 1, "s": 1, "c": c}
+    l1, top = t(56, 48, 24), {**t(56, 144, 24), "w": 14}
+    # 8 x 48 float32 accumulators (1.5 KiB) per register tile: 7 x 56 x 3 of them, each allocated
+    expected = 7 * 56 * 3 * WORKSPACE_TILE_CYCLES * cycle_seconds(DEV)
+    assert math.isclose(workspace_seconds(e, [t(8, 48, 1), l1, top], DEV, "k"), expected)
+    assert workspace_seconds(e, [t(4, 48, 1), l1, top], DEV, "k") == 0  # 768 B: a stack array
+    # construction offers the stack-sized register tile beside the greedy one, and the model takes it here
+    prog = construct(e, DEV, topk=1).programs[0]
+    assert math.prod(e.output.region(prog.tiles[0])) * 4 < 1024

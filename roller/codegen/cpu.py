@@ -9,7 +9,8 @@ Loop structure for levels (reg, L1, L2) and axes i, j (spatial), k (reduce), fro
 Each level iterates the tiles of the level below it, spatial loops first then reduce loops, so the
 accumulator of one reg tile stays in vector registers across the innermost reduce loop. The output
 is accumulated in a tile buffer (``cache_write``) attached above the first reduce loop that iterates
-more than once: the reg tile itself when one L1 pass covers the reduction, the top tile otherwise.
+more than once (``tails.accumulator_tile``): the reg tile itself when one L1 pass covers the reduction,
+a larger tile otherwise.
 Packed inputs are copied per top tile (per grid tile and reduce top tile) into a compact buffer whose
 rows are padded by ``storage_pad``, in the plan's layout (``RProgram.layouts``: transposed copies).
 Tile sizes larger than an extent are clamped to it first (the vector axis to whole vectors), so small
@@ -52,9 +53,10 @@ class _AxisLoops:
 
 # Storage scope of the accumulator tiles (the cache_write tile, the partial sums of rfactor). TVM's host
 # lowering allocates every "local" buffer through TVMBackendAllocWorkspace, whatever its size, and LLVM
-# cannot keep a tile behind that call's pointer in registers; a default-scope ("global") buffer under 1 KiB
-# becomes a stack array, which it can (larger ones still go through the workspace). One thread, one A/B
-# process: depthwise 3x3 on 28x28x144, 7x16 accumulators: 22.3 -> 15.2 us.
+# cannot keep a tile behind that call's pointer in registers; a default-scope ("global") buffer under
+# tails.STACK_ARRAY_BYTES becomes a stack array, which it can (larger ones still go through the workspace,
+# and the model charges them: tails.accumulator_tile names the tile). One thread, one A/B process:
+# depthwise 3x3 on 28x28x144, 7x16 accumulators: 22.3 -> 15.2 us.
 ACCUMULATOR_SCOPE = "global"
 
 
