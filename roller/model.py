@@ -18,8 +18,9 @@ the lanes of partial sums folded one by one at the write-back (FOLD_CYCLES),
 predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
 reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
 plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
-top level (the calibrated small-transfer efficiency, ``short_row_bytes``), and the misses of inputs read
-on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES).
+top level (the calibrated small-transfer efficiency, ``short_row_bytes``), the misses of inputs read
+on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES), and the accumulators
+a plan that splits its reduction moves through memory between the chunks (ACCUMULATOR_CYCLES).
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
-from .rtile import (LevelRules, compute_lanes, copied_stages, layout_expr, level_footprints, packing, round_up,
-                    tensor_footprint, tile_counts, traffic)
+from .rtile import (LevelRules, ceil_div, compute_lanes, copied_stages, layout_expr, level_footprints, packing,
+                    round_up, tensor_footprint, tile_counts, traffic)
 from .tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction, tail_options,
                     tiling_extents, transposed_elements)
 
@@ -294,6 +295,37 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
     return tiles[index + 1]
 
 
+# Cycles per accumulator vector moved between the registers and memory where the plan splits the reduction
+# above the register tile and other register tiles run between its chunks (accumulator_parent is not None):
+# code generation then keeps the accumulators in a tile buffer that is zeroed, loaded and stored at every
+# chunk and copied out at the end (2 x chunks + 1 moves a vector more than accumulators that stay in
+# registers and are stored once), between the FMAs of the register tiles, not under them. Fitted on one
+# thread, one A/B process, the same loops otherwise: a 1x1 conv on 56x56x256 -> 64 with its reduction in
+# 8, 4, 2 and 1 L1 chunks ran 680, 652, 642 and 629 us (~0.5 cycles a move at 2.3 GHz); on 56x56x64 -> 256,
+# 2 chunks against 1, 790 against 672 us (PyTorch 677; ~1.1 cycles). The lower figure: ties among
+# compute-bound plans are what it breaks.
+ACCUMULATOR_CYCLES = 0.5
+
+
+def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+                        vector_axis: str | None) -> float:
+    """Seconds the whole operator spends moving accumulators through a tile buffer in memory (see
+    ACCUMULATOR_CYCLES); 0 where they stay in registers for the whole reduction, or are vector partial
+    sums (a reduced vector axis: a buffer of their own, charged by the fold)."""
+    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE:
+        return 0.0
+    parent = accumulator_parent(expr, tiles, 0, vector_axis)
+    if parent is None:
+        return 0.0
+    chunks = math.prod(ceil_div(a.extent, parent[a.name]) for a in expr.axes if a.kind == REDUCE)
+    if chunks <= 1:
+        return 0.0
+    lanes = compute_lanes(expr, device) if vector_axis is not None else 1
+    ext = tiling_extents(expr, vector_axis, lanes)
+    vectors = math.prod(ext[a.name] for a in expr.axes if a.kind != REDUCE) / lanes
+    return vectors * (2 * chunks + 1) * ACCUMULATOR_CYCLES * cycle_seconds(device)
+
+
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
              inlined: tuple[str, ...] = ()) -> Estimate:
@@ -342,7 +374,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
-             + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
+             + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
+             + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
     return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,
                     memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,
                     waves=waves)

@@ -108,10 +108,13 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     # register tile: whole vectors along j, several accumulator rows, reduction step 1
     assert best.tiles[0]["j"] % 16 == 0 and best.tiles[0]["i"] >= 4 and best.tiles[0]["k"] == 1
     assert "B" in best.packed  # B's rows are strided in the top tile and re-read by every row block
-    # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile
-    # and of starting the parallel loop
+    # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile,
+    # of starting the parallel loop, and of the accumulators moved through memory between reduction chunks
+    from roller.model import accumulator_seconds
     assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * tile_overhead(DEV)
-                                                   + launch_seconds(DEV, 4), rel=1e-6)
+                                                   + launch_seconds(DEV, 4)
+                                                   + accumulator_seconds(e, best.tiles, DEV, best.vector_axis) / 4,
+                                                   rel=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(1023, 1021, 1025), (17, 13, 5), (1, 1, 1), (1, 4096, 7), (3, 3, 1 << 16)])
@@ -317,3 +320,20 @@ def test_register_accumulators_stay_in_registers_through_levels_holding_one_regi
     from roller.model import estimate
     # the model now tells them apart: the 7-tile plan reloads its accumulators 11 times
     assert estimate(e, [reg, one, top], DEV, "k").seconds < estimate(e, [reg, seven, top], DEV, "k").seconds
+
+
+def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
+    from roller.model import ACCUMULATOR_CYCLES, accumulator_seconds, cycle_seconds
+    e = conv2d_nhwc(1, 56, 56, 64, 256, 1, 1)
+    t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
+    reg, top = t(4, 1, 64, 1), t(28, 14, 256, 64)
+    # one L1 pass covers the reduction: the accumulators stay in registers
+    assert accumulator_seconds(e, [reg, t(28, 1, 64, 64), top], DEV, "k") == 0
+    # two chunks of 32 with 7 register tiles between them: zeroed, loaded and stored twice, copied out
+    vectors = 56 * 56 * 256 // 16
+    two = accumulator_seconds(e, [reg, t(28, 1, 64, 32), top], DEV, "k")
+    assert two == pytest.approx(vectors * 5 * ACCUMULATOR_CYCLES * cycle_seconds(DEV))
+    assert accumulator_seconds(e, [reg, t(28, 1, 64, 16), top], DEV, "k") > two
+    # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
+    assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
+        e, [reg, t(28, 1, 64, 32), top], DEV, "k").seconds
