@@ -157,15 +157,21 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
 # and otherwise the same loops ran 4.5, 2.6-3.0 and 1.8 ms: ~20 ns (46 cycles at 2.3 GHz) for each of the
 # 163 k input lines, times the share of the streams the prefetcher cannot hold (1 - 32 / rows). A pure
 # read of the same pattern streams at full bandwidth: without compute between them the loads run ahead.
+# A run is what the kernel reads of a row before it moves to the next: the width of the tile it walks the
+# top tile in, not the top tile's (MobileNetV2's 1x1 conv 112x112x16 -> 96 in 56 x 28 top tiles walked in
+# L1 tiles one pixel wide, 64 B a row, ran 615 us; walked along the rows 396, PyTorch 351; one thread).
 UNTRACKED_LINE_CYCLES = 46
 PREFETCH_RUN_BYTES = 1024
 PAGE_BYTES = 4096
 
 
 def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
-                             staged: Sequence[str] = ()) -> float:
+                             staged: Sequence[str] = (), step: Mapping[str, int] | None = None) -> float:
     """Seconds one top tile waits on the lines of inputs read on more strided streams than the prefetcher
-    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row."""
+    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row.
+    ``step`` is the tile the kernel walks the top tile in (the next level's, default the top tile): it
+    reads each row of the top tile in runs as wide as that tile's."""
+    step = step or top
     tracked = device.units.prefetch_streams
     if not tracked:
         return 0.0
@@ -174,11 +180,11 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     for t in expr.inputs:
         if t.name in staged or not t.index:
             continue
-        region = t.region(top)
+        region, walked = t.region(top), t.region(step)
         run = 1
-        for d in reversed(range(len(region))):  # contiguous: the whole trailing dimensions and one more
-            run *= region[d]
-            if region[d] < t.shape[d]:
+        for d in reversed(range(len(walked))):  # contiguous: the whole trailing dimensions and one more
+            run *= walked[d]
+            if walked[d] < t.shape[d]:
                 break
         if run * t.elem_bytes >= PREFETCH_RUN_BYTES:
             continue
@@ -372,7 +378,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         traf[lv.name] = q
     staged = tuple(packed) + copied_stages(expr, inlined)
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
-             + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
+             + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
+             * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
