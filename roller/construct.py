@@ -24,7 +24,8 @@ from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
-from .tails import STACK_ARRAY_BYTES, inline_options, partial_sums, predicated_axes, tail_options, tiling_extents
+from .tails import (STACK_ARRAY_BYTES, inline_options, partial_sums, predicated_axes, spills_window, tail_options,
+                    tiling_extents)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 BRANCH = 4  # tiles per level carried on to the next level
@@ -71,7 +72,9 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     Returns up to BRANCH distinct tiles in this order: the greedy end, the greedy ends with one axis held
     at the seed (least traffic first), the first compute-bound tile on the way, the step before the end.
     ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids steps that would leave fewer spatial
-    tiles than that (scale-out needs tiles for every unit).
+    tiles than that (scale-out needs tiles for every unit). At level 0 a step is refused where the distinct
+    values of a window the register tile slides along no longer fit beside its accumulators
+    (``tails.spills_window``).
     The score of a step also counts what it saves the level below: a longer reduction here means fewer
     reloads of the child's output tile.
     """
@@ -113,6 +116,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     if tile is None or held(tile) > rules.capacity:
         return []
     child_rules = LevelRules.of(device, index - 1, expr, vector_axis) if below_tiles else None
+    registers = levels[0].capacity_bytes // device.units.vector_bytes if device.units.vector_bytes else 0
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
     exact = exact_axes(expr)
@@ -135,7 +139,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                 if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
                     continue
                 grown = {**tile, a.name: nxt}
-                if held(grown) > rules.capacity:
+                if held(grown) > rules.capacity or (index == 0 and spills_window(expr, grown, vector_axis,
+                                                                                 rules.lanes, registers)):
                     continue
                 if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
                     continue

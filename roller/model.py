@@ -18,8 +18,9 @@ the lanes of partial sums folded one by one at the write-back (FOLD_CYCLES),
 predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
 reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
 plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
-top level (the calibrated small-transfer efficiency, ``short_row_bytes``), and the misses of inputs read
-on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES).
+top level (the calibrated small-transfer efficiency, ``short_row_bytes``), the misses of inputs read
+on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES), and the accumulators
+a plan that splits its reduction moves through memory between the chunks (ACCUMULATOR_CYCLES).
 """
 from __future__ import annotations
 
@@ -156,15 +157,21 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
 # and otherwise the same loops ran 4.5, 2.6-3.0 and 1.8 ms: ~20 ns (46 cycles at 2.3 GHz) for each of the
 # 163 k input lines, times the share of the streams the prefetcher cannot hold (1 - 32 / rows). A pure
 # read of the same pattern streams at full bandwidth: without compute between them the loads run ahead.
+# A run is what the kernel reads of a row before it moves to the next: the width of the tile it walks the
+# top tile in, not the top tile's (MobileNetV2's 1x1 conv 112x112x16 -> 96 in 56 x 28 top tiles walked in
+# L1 tiles one pixel wide, 64 B a row, ran 615 us; walked along the rows 396, PyTorch 351; one thread).
 UNTRACKED_LINE_CYCLES = 46
 PREFETCH_RUN_BYTES = 1024
 PAGE_BYTES = 4096
 
 
 def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
-                             staged: Sequence[str] = ()) -> float:
+                             staged: Sequence[str] = (), step: Mapping[str, int] | None = None) -> float:
     """Seconds one top tile waits on the lines of inputs read on more strided streams than the prefetcher
-    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row."""
+    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row.
+    ``step`` is the tile the kernel walks the top tile in (the next level's, default the top tile): it
+    reads each row of the top tile in runs as wide as that tile's."""
+    step = step or top
     tracked = device.units.prefetch_streams
     if not tracked:
         return 0.0
@@ -173,11 +180,11 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     for t in expr.inputs:
         if t.name in staged or not t.index:
             continue
-        region = t.region(top)
+        region, walked = t.region(top), t.region(step)
         run = 1
-        for d in reversed(range(len(region))):  # contiguous: the whole trailing dimensions and one more
-            run *= region[d]
-            if region[d] < t.shape[d]:
+        for d in reversed(range(len(walked))):  # contiguous: the whole trailing dimensions and one more
+            run *= walked[d]
+            if walked[d] < t.shape[d]:
                 break
         if run * t.elem_bytes >= PREFETCH_RUN_BYTES:
             continue
@@ -314,6 +321,37 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
     return tiles[index + 1]
 
 
+# Cycles per accumulator vector moved between the registers and memory where the plan splits the reduction
+# above the register tile and other register tiles run between its chunks (accumulator_parent is not None):
+# code generation then keeps the accumulators in a tile buffer that is zeroed, loaded and stored at every
+# chunk and copied out at the end (2 x chunks + 1 moves a vector more than accumulators that stay in
+# registers and are stored once), between the FMAs of the register tiles, not under them. Fitted on one
+# thread, one A/B process, the same loops otherwise: a 1x1 conv on 56x56x256 -> 64 with its reduction in
+# 8, 4, 2 and 1 L1 chunks ran 680, 652, 642 and 629 us (~0.5 cycles a move at 2.3 GHz); on 56x56x64 -> 256,
+# 2 chunks against 1, 790 against 672 us (PyTorch 677; ~1.1 cycles). The lower figure: ties among
+# compute-bound plans are what it breaks.
+ACCUMULATOR_CYCLES = 0.5
+
+
+def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+                        vector_axis: str | None) -> float:
+    """Seconds the whole operator spends moving accumulators through a tile buffer in memory (see
+    ACCUMULATOR_CYCLES); 0 where they stay in registers for the whole reduction, or are vector partial
+    sums (a reduced vector axis: a buffer of their own, charged by the fold)."""
+    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE:
+        return 0.0
+    parent = accumulator_parent(expr, tiles, 0, vector_axis)
+    if parent is None:
+        return 0.0
+    chunks = math.prod(ceil_div(a.extent, parent[a.name]) for a in expr.axes if a.kind == REDUCE)
+    if chunks <= 1:
+        return 0.0
+    lanes = compute_lanes(expr, device) if vector_axis is not None else 1
+    ext = tiling_extents(expr, vector_axis, lanes)
+    vectors = math.prod(ext[a.name] for a in expr.axes if a.kind != REDUCE) / lanes
+    return vectors * (2 * chunks + 1) * ACCUMULATOR_CYCLES * cycle_seconds(device)
+
+
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
              inlined: tuple[str, ...] = ()) -> Estimate:
@@ -360,10 +398,12 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         traf[lv.name] = q
     staged = tuple(packed) + copied_stages(expr, inlined)
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
-             + untracked_stream_seconds(expr, tiles[-1], device, staged) * total / spatial
+             + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
+             * total / spatial
              + transpose_seconds(expr, tiles[-1], device) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
-             + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis))
+             + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
+             + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
     return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,
                     memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,
                     waves=waves)

@@ -151,30 +151,51 @@ def accumulator_tile(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis
     return {a.name: sizes[a.name][level] for a in expr.axes if a.kind != REDUCE}
 
 
+def window_values(expr: Expr, t: TensorAccess, reg: Mapping[str, int], vector_axis: str | None,
+                  lanes: int) -> tuple[frozenset[str], int]:
+    """(the reduce axes, the distinct values) of an input the register tile ``reg`` reads through a window
+    it slides along: a spatial and a reduce axis of the tile index one dimension of the input (a
+    convolution's ``w * stride + s``), so the same element serves several (w, s) pairs. Fully unrolled,
+    LLVM loads each distinct value (a vector along the vector axis, else a broadcast element) once and
+    keeps it in a register from its first use to its last. ``(frozenset(), 0)`` for other inputs."""
+    shared = {a for dim in t.index if len(dim) > 1 for a, _ in dim if reg[a] > 1}
+    reduced = frozenset(a for a in shared if expr.axis(a).kind == REDUCE)
+    if not reduced or len(shared) == len(reduced):
+        return frozenset(), 0
+    region = t.region(dict(reg))
+    vectors = vector_axis in t.innermost_axes() and region
+    return reduced, (math.prod(region[:-1]) * ceil_div(region[-1], lanes)) if vectors else math.prod(region)
+
+
+def accumulator_vectors(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, lanes: int) -> int:
+    """Vector registers the register tile's accumulators take."""
+    return math.prod(ceil_div(reg[a], lanes) if a == vector_axis else reg[a] for a in expr.output.axes)
+
+
+def spills_window(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, lanes: int, registers: int) -> bool:
+    """Whether a window's distinct values (:func:`window_values`) and the accumulators together exceed the
+    ``registers`` of the vector register file: unrolled, such a register tile spills."""
+    acc = accumulator_vectors(expr, reg, vector_axis, lanes)
+    values = [window_values(expr, t, reg, vector_axis, lanes)[1] for t in expr.inputs]
+    return any(v and acc + v > registers for v in values)
+
+
 def rolled_reduce_axes(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, lanes: int,
                        registers: int) -> frozenset[str]:
-    """Reduce axes whose register-tile loop code generation keeps rolled instead of unrolling.
-
-    Where a spatial and a reduce axis of the register tile index one dimension of an input (a
-    convolution's ``w * stride + s``), the same element serves several (w, s) pairs. Fully unrolled,
-    LLVM loads each distinct element once and keeps it in a register from its first use to its last:
-    with the accumulators that is more values than the register file holds, and it spills them (the
-    ResNet stem, register tile w16 x k16 x s7: 37 broadcasts live beside 16 accumulators; read in the
-    assembly, 2.0 -> 1.3 ms with the s loop rolled, one A/B process). Rolled, one step holds only its
-    own operands. ``reg`` is the register tile as code generation runs it (clamped); ``registers`` the
-    vector register file's size: where every distinct value fits beside the accumulators, nothing spills
-    (a stride-2 3x3 conv's 15 broadcasts + 14 accumulators did not) and unrolled stays as fast."""
-    acc = math.prod(ceil_div(reg[a], lanes) if a == vector_axis else reg[a] for a in expr.output.axes)
+    """Reduce axes whose register-tile loop code generation keeps rolled instead of unrolling: those of a
+    window whose distinct values do not fit beside the accumulators (:func:`window_values`; LLVM would
+    spill them: the ResNet stem, register tile w16 x k16 x s7, 37 broadcasts live beside 16
+    accumulators; read in the assembly, 2.0 -> 1.3 ms with the s loop rolled, one A/B process). Rolled,
+    one step holds only its own operands. ``reg`` is the register tile as code generation runs it
+    (clamped); ``registers`` the vector register file's size: where every distinct value fits beside the
+    accumulators, nothing spills (a stride-2 3x3 conv's 15 broadcasts + 14 accumulators did not) and
+    unrolled stays as fast. Construction no longer plans such tiles (:func:`spills_window`): a rolled loop
+    of a few steps LLVM unrolls again; this covers plans edited by hand."""
+    acc = accumulator_vectors(expr, reg, vector_axis, lanes)
     rolled: set[str] = set()
     for t in expr.inputs:
-        shared = {a for dim in t.index if len(dim) > 1 for a, _ in dim if reg[a] > 1}
-        reduced = {a for a in shared if expr.axis(a).kind == REDUCE}
-        if not reduced or len(shared) == len(reduced):
-            continue
-        region = t.region(dict(reg))
-        vectors = vector_axis in t.innermost_axes() and region
-        values = (math.prod(region[:-1]) * ceil_div(region[-1], lanes)) if vectors else math.prod(region)
-        if acc + values > registers:
+        reduced, values = window_values(expr, t, reg, vector_axis, lanes)
+        if values and acc + values > registers:
             rolled |= reduced
     return frozenset(rolled)
 

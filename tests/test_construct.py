@@ -108,10 +108,13 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     # register tile: whole vectors along j, several accumulator rows, reduction step 1
     assert best.tiles[0]["j"] % 16 == 0 and best.tiles[0]["i"] >= 4 and best.tiles[0]["k"] == 1
     assert "B" in best.packed  # B's rows are strided in the top tile and re-read by every row block
-    # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile
-    # (with the workspace allocation of its accumulator tile) and of starting the parallel loop
-    from roller.model import workspace_seconds
-    per_tile = tile_overhead(DEV) + workspace_seconds(e, best.tiles, DEV, best.vector_axis) / math.prod(best.grid.values())
+    # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile (with
+    # the workspace allocation of its accumulator tile and the accumulators moved through memory between
+    # reduction chunks) and of starting the parallel loop
+    from roller.model import accumulator_seconds, workspace_seconds
+    tiles = math.prod(best.grid.values())
+    per_tile = (tile_overhead(DEV) + workspace_seconds(e, best.tiles, DEV, best.vector_axis) / tiles
+                + accumulator_seconds(e, best.tiles, DEV, best.vector_axis) / tiles)
     assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * per_tile
                                                    + launch_seconds(DEV, 4), rel=1e-6)
 
@@ -293,6 +296,8 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
     assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
     assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
+    # the same top tile walked in L1 tiles one pixel wide: the kernel reads each row 384 B at a time
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=top(165, 1, 96)) == pytest.approx(5 * expected)
     assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
     assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
 
@@ -349,3 +354,20 @@ def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
     # construction offers the stack-sized register tile beside the greedy one, and the model takes it here
     prog = construct(e, DEV, topk=1).programs[0]
     assert math.prod(e.output.region(prog.tiles[0])) * 4 < 1024
+
+
+def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
+    from roller.model import ACCUMULATOR_CYCLES, accumulator_seconds, cycle_seconds
+    e = conv2d_nhwc(1, 56, 56, 64, 256, 1, 1)
+    t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
+    reg, top = t(4, 1, 64, 1), t(28, 14, 256, 64)
+    # one L1 pass covers the reduction: the accumulators stay in registers
+    assert accumulator_seconds(e, [reg, t(28, 1, 64, 64), top], DEV, "k") == 0
+    # two chunks of 32 with 7 register tiles between them: zeroed, loaded and stored twice, copied out
+    vectors = 56 * 56 * 256 // 16
+    two = accumulator_seconds(e, [reg, t(28, 1, 64, 32), top], DEV, "k")
+    assert two == pytest.approx(vectors * 5 * ACCUMULATOR_CYCLES * cycle_seconds(DEV))
+    assert accumulator_seconds(e, [reg, t(28, 1, 64, 16), top], DEV, "k") > two
+    # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
+    assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
+        e, [reg, t(28, 1, 64, 32), top], DEV, "k").seconds

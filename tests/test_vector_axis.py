@@ -214,3 +214,20 @@ def test_window_register_tiles_too_big_to_unroll_keep_the_reduce_loop_rolled():
     assert not rolled_reduce_axes(s2, dict(n=1, h=7, w=1, k=32, r=3, s=1, c=1), "k", 16, 32)
     # no window shared by a spatial and a reduce axis of the tile (s = 1): nothing to roll
     assert not rolled_reduce_axes(stem, dict(reg, s=1), "k", 16, 32)
+
+
+def test_construction_plans_no_register_tile_whose_window_would_spill():
+    from roller.tails import spills_window
+    # 3x3 conv, h14 x k16 x r3: 16 window broadcasts + 14 accumulators = 30 fit; with two channels (c2) 32 + 14
+    # do not, and LLVM unrolls the 3-step r loop that code generation rolls: 1.89 against 1.35 ms (one thread)
+    conv = conv2d_nhwc(1, 56, 56, 64, 64, 3, 3)
+    reg = dict(n=1, h=14, w=1, k=16, r=3, s=1, c=1)
+    assert not spills_window(conv, reg, "k", 16, 32)
+    assert spills_window(conv, dict(reg, c=2), "k", 16, 32)
+    assert not spills_window(conv, dict(reg, r=1, c=2), "k", 16, 32)  # no window: one broadcast per row
+    # every plan construction offers for the stem leaves nothing to roll
+    stem = conv2d_nhwc(1, 112, 112, 3, 64, 7, 7, stride=2)
+    dev = cpu()
+    regs = dev.private_levels[0].capacity_bytes // dev.units.vector_bytes
+    for p in construct(stem, dev, 10).programs:
+        assert not rolled_reduce_axes(stem, p.tiles[0], p.vector_axis, 16, regs), p.tiles[0]
