@@ -1,0 +1,142 @@
+"""Constant inputs packed once, at compile time (roller.prepack): the layout's index maps and its numpy
+packing agree, the model charges no copy for a prepacked input, and a whole model whose convolution
+weight is prepacked matches onnxruntime with a kernel that has no pack stage."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import roller
+from roller import ops
+from roller.api import analyze
+from roller.construct import construct
+from roller.errors import BuildError
+from roller.prepack import PackedLayout
+from roller.tails import copy_bytes
+
+
+@pytest.fixture(scope="module")
+def device():
+    return roller.load_device()
+
+
+@pytest.mark.parametrize("layout", [
+    PackedLayout((3, 3, 8, 20), (3, 3, 8, 8), (0, 1, 2, 3)),             # tiles overhang the last dim (20 by 8)
+    PackedLayout((6, 10), (4, 10), (1, 0), row_pad=0),                   # transposed, tiles along dim 0
+    PackedLayout((5, 12), (5, 8), (0, 1), row_pad=3),                    # padded rows
+])
+def test_layout_apply_follows_its_index_maps(layout):
+    src = np.arange(1, np.prod(layout.shape) + 1, dtype=np.float32).reshape(layout.shape)
+    dst = layout.apply(src)
+    seen = np.zeros(dst.shape, bool)
+    for idx in itertools.product(*map(range, layout.shape)):
+        at = list(idx)
+        for m in layout.index_maps():
+            at = [int(i) for i in m.map_indices(at)]
+        assert dst[tuple(at)] == src[idx]
+        seen[tuple(at)] = True
+    assert not dst[~seen].any()  # padding is zero
+    # the tile of the first grid position is contiguous in the new layout's inner dimensions
+    assert dst.ndim == sum(t < s for t, s in zip(layout.tile, layout.shape)) + len(layout.order) + bool(layout.row_pad)
+
+
+def test_layout_apply_rejects_another_shape():
+    with pytest.raises(BuildError, match="shape"):
+        PackedLayout((4, 4), (2, 4), (0, 1)).apply(np.zeros((4, 5), np.float32))
+
+
+def test_constant_weight_is_prepacked_and_not_charged(device):
+    expr, _ = analyze(ops.conv2d_nhwc(1, 14, 14, 64, 128, 3, 3, pad=1))
+    plain = construct(expr, device, 1).programs[0]
+    assert "weight" in plain.packed and not plain.prepacked
+    plan = construct(expr, device, 1, frozenset({"weight"})).programs[0]
+    assert plan.prepacked == ("weight",)
+    assert "prepacked" in plan.to_dict() and type(plan).from_dict(plan.to_dict()).key == plan.key
+    # a pack that top tiles re-copy is charged, unless it arrives packed
+    top = dict(plan.tiles[-1], h=7)
+    assert copy_bytes(expr, top, (), ("weight",), (), ("weight",)) < copy_bytes(expr, top, (), ("weight",))
+
+
+def test_kernel_reads_the_prepacked_weight(device):
+    import tvm
+
+    from roller.codegen import schedule
+    from roller.prepack import program_layouts
+    from roller.tvmutil import target_for
+
+    func = ops.conv2d_nhwc(1, 14, 14, 64, 128, 3, 3, pad=1)
+    expr, norm = analyze(func)
+    plan = construct(expr, device, 1, frozenset({"weight"})).programs[0]
+    assert plan.prepacked == ("weight",)
+    sch = schedule(norm, expr, plan, device)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert not any(n.startswith("weight_") and "assumptions" not in n for n in names), names  # no pack stage
+    layout = program_layouts(expr, plan, device)["weight"]
+    weight = next(p for p in sch.mod["main"].params if str(p.name) == "weight")
+    assert [int(d) for d in weight.shape] == list(layout.apply(np.zeros(layout.shape, np.float32)).shape)
+    rng = np.random.default_rng(0)
+    args = [rng.uniform(-1, 1, [int(d) for d in p.shape]).astype(np.float32) for p in norm.params]
+    want = ops.get_op("conv2d").reference(args[:2], dict(N=1, H=14, W=14, C=64, K=128, R=3, S=3, pad=1))
+    ex = tvm.compile(sch.mod, target_for(device))
+    dev = tvm.cpu()
+    out = tvm.runtime.empty(want.shape, "float32", dev)
+    ex["main"](tvm.runtime.tensor(args[0], dev), tvm.runtime.tensor(layout.apply(args[1]), dev), out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_key_tells_prepacked_signatures_apart(device):
+    from roller.model_cache import function_key
+
+    func = ops.conv2d_nhwc(1, 8, 8, 32, 64, 3, 3, pad=1)
+    assert function_key(func, device, False)[0] != function_key(func, device, False, frozenset({"weight"}))[0]
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("cache", [False, True])
+def test_conv_model_with_prepacked_weight_matches_onnxruntime(device, cache):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from roller import frontend
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.1, (64, 32, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 12, 12])],
+        initializer=[numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert onnx.checker.check_model(model) is None
+    cm = roller.compile_model(model, device, cache=cache)
+    (conv,) = [r for r in cm.report if "conv2d" in r.name]
+    assert conv.scheduled_by == "roller" and len(conv.prepacked) == 1, conv
+    (param, layout), = conv.prepacked.items()
+    packed_shape = list(PackedLayout.from_dict(layout).apply(np.zeros(layout["shape"], np.float32)).shape)
+    func = next(f for gv, f in cm.module.functions_items() if gv.name_hint == conv.name)
+    assert [int(d) for d in next(p for p in func.params if str(p.name) == param).shape] == packed_shape
+    assert packed_shape in [list(c.value.shape) for c in _constants(cm.module)]  # the call passes it packed
+    check = frontend.check_against_onnxruntime(cm, model, time_it=False)
+    assert check["matches"], check
+    unpacked = roller.compile_model(model, device, cache=cache, prepack=False)
+    assert not any(r.prepacked for r in unpacked.report)
+    assert frontend.check_against_onnxruntime(unpacked, model, time_it=False)["matches"]
+
+
+def _constants(mod) -> list:
+    """The Relax constants ``mod``'s main function passes to its calls."""
+    import tvm
+    from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+    out = []
+
+    @visitor
+    class _Find(PyExprVisitor):
+        def visit_constant_(self, c):
+            out.append(c)
+
+    _Find().visit_expr(mod["main"])
+    return out
