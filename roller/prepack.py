@@ -2,61 +2,75 @@
 
 A plan copies a packed input per top tile into a compact buffer (``RProgram.packed``, in the plan's
 layout ``RProgram.layouts``, rows padded by ``RProgram.storage_pad``). When the input is a constant at
-every call, the same copy can be made once when the model is compiled: the input is then stored tile by
-tile, each top tile's region contiguous in the plan's layout with padded rows, and the kernel reads it in
-place (``RProgram.prepacked``). :class:`PackedLayout` is that layout as plain data; it gives the index maps
+every call, a copy can be made once when the model is compiled instead: the input is then stored tile by
+tile, each top tile's region contiguous, in blocks of the next level's tile in the order the kernel walks
+them, each block in the plan's layout, and the kernel reads it in place (``RProgram.prepacked``). :class:`PackedLayout` is that layout as plain data; it gives the index maps
 code generation applies to the parameter (``Schedule.transform_layout``) and applies them to an array
 (the constant, with numpy at compile time), so both sides follow one description.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from .errors import BuildError
-from .expr import Expr, TensorAccess
-from .rtile import compute_lanes
-from .tails import clamped_top
+from .expr import REDUCE, Expr, TensorAccess
+from .rtile import clamp_tiles, compute_lanes
+from .tails import tiling_extents
 
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """How a prepacked input is stored. ``shape``: the buffer's own shape; ``tile``: the top tile's extent
-    along each buffer dimension (the dimension's extent where one tile covers it); ``order``: the buffer
-    dimensions within a tile, outermost first (the plan's layout); ``row_pad``: elements padding each row
-    of a tile (its last dimension). The tile grid's dimensions go first, in buffer order; padded tails
-    (a tile overhanging its dimension, the row padding) hold zeros."""
+    """How a prepacked input is stored, per dimension of the buffer (its own, unfused ones). ``shape``: the
+    buffer's shape; ``tiles``: the plan's tile at each level, the top's first, as extents along each
+    dimension (a dimension's extent where one tile covers it); ``orders``: at each level, the order in
+    which the kernel walks that level's tiles within the tile above (a permutation of the dimensions), and
+    last the order of the elements within the smallest tile; ``row_pad``: elements padding each row of
+    the smallest tile (to whole vectors). Every tile is one contiguous block, and the blocks follow each
+    other in the order the kernel walks them. Padded tails (a tile overhanging its dimension, the row
+    padding) hold zeros."""
 
     shape: tuple[int, ...]
-    tile: tuple[int, ...]
-    order: tuple[int, ...]
+    tiles: tuple[tuple[int, ...], ...]
+    orders: tuple[tuple[int, ...], ...]
     row_pad: int = 0
 
     def to_dict(self) -> dict:
-        return {"shape": list(self.shape), "tile": list(self.tile), "order": list(self.order), "row_pad": self.row_pad}
+        return {"shape": list(self.shape), "tiles": [list(t) for t in self.tiles],
+                "orders": [list(o) for o in self.orders], "row_pad": self.row_pad}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "PackedLayout":
-        return cls(tuple(d["shape"]), tuple(d["tile"]), tuple(d["order"]), int(d.get("row_pad", 0)))
+        return cls(tuple(d["shape"]), tuple(tuple(t) for t in d["tiles"]), tuple(tuple(o) for o in d["orders"]),
+                   int(d.get("row_pad", 0)))
 
     def index_maps(self) -> list:
-        """The ``tvm.tirx.IndexMap`` steps from the buffer's indices to the packed ones: tiles first, then
-        (with row padding) the last dimension split by the padded row length, a split TVM pads."""
+        """The ``tvm.tirx.IndexMap`` steps from the buffer's indices to the packed ones: the position of the
+        tile at each level, then the element within the smallest tile; with row padding, the last dimension
+        split by the padded row length, a split TVM pads."""
         from tvm.tirx import IndexMap
 
-        tiled = [d for d in range(len(self.shape)) if self.tile[d] < self.shape[d]]
+        if len(self.orders) != len(self.tiles) + 1:
+            raise BuildError(f"a packed layout with {len(self.tiles)} tile levels needs {len(self.tiles) + 1} orders, "
+                             f"got {len(self.orders)}")
+        outer = (self.shape,) + self.tiles  # each level's tile and the one it splits
 
-        def tiles(*x):
-            return ([x[d] // self.tile[d] for d in tiled]
-                    + [x[d] % self.tile[d] if d in tiled else x[d] for d in self.order])
+        def within(x, d, level):  # the index within the tile of ``level`` (0: the whole buffer)
+            return x[d] % outer[level][d] if outer[level][d] < self.shape[d] else x[d]
 
-        maps = [IndexMap.from_func(tiles, ndim=len(self.shape), index_dtype="int32")]
+        def packed(*x):
+            out = []
+            for level, (tile, order) in enumerate(zip(self.tiles, self.orders)):
+                out += [within(x, d, level) // tile[d] for d in order if tile[d] < outer[level][d]]
+            return out + [within(x, d, len(self.tiles)) for d in self.orders[-1]]
+
+        maps = [IndexMap.from_func(packed, ndim=len(self.shape), index_dtype="int32")]
         if self.row_pad:
-            row = self.tile[self.order[-1]] + self.row_pad
-            n = len(tiled) + len(self.order)
+            row = self.tiles[-1][self.orders[-1][-1]] + self.row_pad
+            n = len(maps[0].final_indices)
             maps.append(IndexMap.from_func(lambda *y: list(y[:-1]) + [y[-1] // row, y[-1] % row], ndim=n,
                                            index_dtype="int32"))
         return maps
@@ -96,36 +110,42 @@ def _evaluate(e, env):
 
 
 def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
-                  lanes: int, storage_pad: Mapping[str, int]) -> PackedLayout | None:
-    """The layout in which input ``t`` (as ``layout_expr`` gives it, transposed or not) arrives prepacked
-    under a plan with these tiles, or None when it cannot: a dimension indexed other than by one axis (a
+                  lanes: int) -> PackedLayout | None:
+    """The layout in which input ``t`` arrives prepacked under a plan with these tiles (reg first, clamped
+    as code generation runs them), or None when it cannot: a dimension indexed other than by one axis (a
     window, a stride), or by a fused axis whose top tile covers part of it (its tile is no box of the
-    buffer). The row padding is the plan's for a copy per top tile, none where one tile covers every
-    spatial axis (code generation then packs once, at root, unpadded)."""
-    order = t.packed_order or tuple(range(len(t.shape)))
-    shape: list[int] = [0] * len(t.shape)
-    tile: list[int] = [0] * len(t.shape)
-    parts: list[list[int]] = [[]] * len(t.shape)  # original dimension -> its buffer dimensions' extents
+    buffer). The kernel walks the tiles of each level spatial axes first, then reduced ones, and a register
+    tile reduced axes first, the vector axis last (``codegen.cpu``): the blocks are stored in that order,
+    so the kernel's first pass over them streams. Rows along the vector axis are padded to whole vectors."""
+    if t.packed_order:  # a transposed access (rtile.layout_expr): the tensor as stored
+        stored = sorted(range(len(t.index)), key=lambda i: t.packed_order[i])
+        t = replace(t, index=tuple(t.index[i] for i in stored), shape=tuple(t.shape[i] for i in stored), packed_order=())
+    extents = tiling_extents(expr, vector_axis, lanes)
+    shape, sizes, axis_of = [], [], []  # per buffer dimension: extent, tile per level (top first), axis
     for i, dim in enumerate(t.index):
         if len(dim) != 1 or dim[0][1] != 1:
             return None
         axis = expr.axis(dim[0][0])
-        top = clamped_top(expr, tiles, axis.name, vector_axis, lanes)
-        extents = [e for _, e in axis.parts]
-        if t.shape[i] != axis.extent or (len(extents) > 1 and top < axis.extent):
+        clamped = [min(x, axis.extent) for x in reversed(clamp_tiles(extents[axis.name], [tl[axis.name] for tl in tiles]))]
+        if t.shape[i] != axis.extent or (len(axis.parts) > 1 and clamped[0] < axis.extent):
             return None
-        parts[order[i]] = extents
-        shape[order[i]], tile[order[i]] = axis.extent, min(top, axis.extent) if len(extents) == 1 else axis.extent
-    # the buffer's own dimensions: a fused axis's dimension (whole tile) unfolds into its parts
-    bshape, btile, first = [], [], []
-    for d in range(len(shape)):
-        first.append(len(bshape))
-        bshape += parts[d]
-        btile += parts[d] if len(parts[d]) > 1 else [tile[d]]
-    border = tuple(first[d] + k for d in order for k in range(len(parts[d])))
-    grid = any(math.ceil(a.extent / clamped_top(expr, tiles, a.name, vector_axis, lanes)) > 1
-               for a in expr.spatial_axes)
-    return PackedLayout(tuple(bshape), tuple(btile), border, storage_pad.get(t.name, 0) if grid else 0)
+        # a fused axis's dimension (whole at every level) unfolds into its parts, the buffer's dimensions
+        parts = [e for _, e in axis.parts] if len(axis.parts) > 1 else [axis.extent]
+        for e in parts:
+            shape.append(e)
+            sizes.append(clamped if len(parts) == 1 else [e] * len(clamped))
+            axis_of.append(axis.name)
+    position = {a.name: i for i, a in enumerate(expr.axes)}
+    reduce = {a.name for a in expr.axes if a.kind == REDUCE}
+    dims = range(len(shape))
+    levels = tuple(tuple(sorted(dims, key=lambda d: (axis_of[d] in reduce, position[axis_of[d]], d)))
+                   for _ in range(len(tiles) - 1))
+    last = tuple(sorted(dims, key=lambda d: (axis_of[d] not in reduce, axis_of[d] == vector_axis,
+                                             position[axis_of[d]], d)))
+    row = sizes[last[-1]][-1]
+    pad = lanes - row % lanes if axis_of[last[-1]] == vector_axis and row > lanes and row % lanes else 0
+    return PackedLayout(tuple(shape), tuple(tuple(s[l] for s in sizes) for l in range(len(tiles))),
+                        (tuple(dims),) + levels + (last,), pad)
 
 
 def prepackable(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
@@ -135,23 +155,20 @@ def prepackable(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str
     whose tile is a box of the buffer (:func:`packed_layout`)."""
     out = []
     for t in expr.inputs:
-        if (t.name in packed and t.name in constants and t.name not in expr.staged and not t.axes & set(padded)
-                and packed_layout(expr, t, tiles, vector_axis, lanes, {}) is not None):
+        if (t.name in constants and t.name not in expr.staged and not t.axes & set(padded)
+                and packed_layout(expr, t, tiles, vector_axis, lanes) is not None):
             out.append(t.name)
     return tuple(out)
 
 
 def program_layouts(expr: Expr, program, device) -> dict[str, PackedLayout]:
     """Input name -> the layout it arrives in, for each input ``program`` (an RProgram) prepacks; ``expr``
-    is the function's Expr as analysed (the plan's transposed layouts are applied here)."""
-    from .rtile import layout_expr
-
-    ex = layout_expr(expr, program.vector_axis)
-    lanes = compute_lanes(ex, device)
+    is the function's Expr as analysed."""
+    lanes = compute_lanes(expr, device)
     out = {}
-    for t in ex.inputs:
+    for t in expr.inputs:
         if t.name in program.prepacked:
-            layout = packed_layout(ex, t, program.tiles, program.vector_axis, lanes, program.storage_pad)
+            layout = packed_layout(expr, t, program.tiles, program.vector_axis, lanes)
             if layout is None:
                 raise BuildError(f"{expr.name}: the plan prepacks {t.name}, whose top tile is no box of the buffer")
             out[t.name] = layout

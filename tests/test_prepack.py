@@ -14,6 +14,7 @@ from roller.api import analyze
 from roller.construct import construct
 from roller.errors import BuildError
 from roller.prepack import PackedLayout
+from roller.relax import _tir_calls
 from roller.tails import copy_bytes
 
 
@@ -23,9 +24,12 @@ def device():
 
 
 @pytest.mark.parametrize("layout", [
-    PackedLayout((3, 3, 8, 20), (3, 3, 8, 8), (0, 1, 2, 3)),             # tiles overhang the last dim (20 by 8)
-    PackedLayout((6, 10), (4, 10), (1, 0), row_pad=0),                   # transposed, tiles along dim 0
-    PackedLayout((5, 12), (5, 8), (0, 1), row_pad=3),                    # padded rows
+    PackedLayout((3, 3, 8, 20), ((3, 3, 8, 8),), ((0, 1, 2, 3), (0, 1, 2, 3))),      # tiles overhang 20 by 8
+    PackedLayout((6, 10), ((4, 10),), ((0, 1), (1, 0))),                          # transposed within a tile
+    PackedLayout((5, 12), ((5, 8),), ((0, 1), (0, 1)), row_pad=3),                # padded rows
+    PackedLayout((3, 8, 20), ((3, 8, 12), (1, 4, 4), (1, 2, 4)),                  # three levels of blocks
+                 ((0, 1, 2), (2, 0, 1), (0, 1, 2), (2, 1, 0))),
+    PackedLayout((8, 6), ((8, 6), (4, 3)), ((0, 1), (1, 0), (1, 0)), row_pad=2),  # transposed, padded rows
 ])
 def test_layout_apply_follows_its_index_maps(layout):
     src = np.arange(1, np.prod(layout.shape) + 1, dtype=np.float32).reshape(layout.shape)
@@ -38,13 +42,15 @@ def test_layout_apply_follows_its_index_maps(layout):
         assert dst[tuple(at)] == src[idx]
         seen[tuple(at)] = True
     assert not dst[~seen].any()  # padding is zero
-    # the tile of the first grid position is contiguous in the new layout's inner dimensions
-    assert dst.ndim == sum(t < s for t, s in zip(layout.tile, layout.shape)) + len(layout.order) + bool(layout.row_pad)
+    outer = (layout.shape,) + layout.tiles
+    assert dst.ndim == (sum(t < o for tile, up in zip(layout.tiles, outer) for t, o in zip(tile, up))
+                        + len(layout.shape) + bool(layout.row_pad))
+    assert type(layout).from_dict(layout.to_dict()) == layout
 
 
 def test_layout_apply_rejects_another_shape():
     with pytest.raises(BuildError, match="shape"):
-        PackedLayout((4, 4), (2, 4), (0, 1)).apply(np.zeros((4, 5), np.float32))
+        PackedLayout((4, 4), ((2, 4),), ((0, 1), (0, 1))).apply(np.zeros((4, 5), np.float32))
 
 
 def test_constant_weight_is_prepacked_and_not_charged(device):
@@ -95,7 +101,9 @@ def test_cache_key_tells_prepacked_signatures_apart(device):
 
 @pytest.mark.build
 @pytest.mark.parametrize("cache", [False, True])
-def test_conv_model_with_prepacked_weight_matches_onnxruntime(device, cache):
+def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
+    """Two convolutions of one shape with their own weights (one function, or two identical ones built
+    once): each call gets its weight packed, the kernel reads it packed, the outputs match onnxruntime."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
@@ -103,40 +111,31 @@ def test_conv_model_with_prepacked_weight_matches_onnxruntime(device, cache):
     from roller import frontend
 
     rng = np.random.default_rng(0)
-    w = rng.normal(0, 0.1, (64, 32, 3, 3)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    weights = [rng.normal(0, 0.1, (32, 32, 3, 3)).astype(np.float32) for _ in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["y"])]
     model = helper.make_model(helper.make_graph(
-        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 12, 12])],
-        initializer=[numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 12, 12])],
+        initializer=[numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)]),
+        opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     assert onnx.checker.check_model(model) is None
-    cm = roller.compile_model(model, device, cache=cache)
-    (conv,) = [r for r in cm.report if "conv2d" in r.name]
-    assert conv.scheduled_by == "roller" and len(conv.prepacked) == 1, conv
-    (param, layout), = conv.prepacked.items()
-    packed_shape = list(PackedLayout.from_dict(layout).apply(np.zeros(layout["shape"], np.float32)).shape)
-    func = next(f for gv, f in cm.module.functions_items() if gv.name_hint == conv.name)
-    assert [int(d) for d in next(p for p in func.params if str(p.name) == param).shape] == packed_shape
-    assert packed_shape in [list(c.value.shape) for c in _constants(cm.module)]  # the call passes it packed
+    cm = roller.compile_model(model, device, cache=cache, verify=not cache)  # verify: checked packed, too
+    convs = [r for r in cm.report if "conv2d" in r.name]
+    assert convs and all(r.scheduled_by == "roller" and r.prepacked for r in convs), convs
+    calls = [(gv.name_hint, c) for gv, c in _tir_calls(cm.module) if "conv2d" in gv.name_hint]
+    assert len(calls) == 2
+    by_name = {r.name: r for r in convs}
+    for name, call in calls:
+        func = cm.module[name]
+        names = [str(p.name) for p in func.params]
+        for param, layout in by_name[name].prepacked.items():
+            shape = list(PackedLayout.from_dict(layout).apply(np.zeros(layout["shape"], np.float32)).shape)
+            assert [int(d) for d in func.params[names.index(param)].shape] == shape  # the kernel takes it packed
+            assert list(call.args[1].fields[names.index(param)].value.shape) == shape  # the call passes it packed
     check = frontend.check_against_onnxruntime(cm, model, time_it=False)
     assert check["matches"], check
     unpacked = roller.compile_model(model, device, cache=cache, prepack=False)
     assert not any(r.prepacked for r in unpacked.report)
     assert frontend.check_against_onnxruntime(unpacked, model, time_it=False)["matches"]
-
-
-def _constants(mod) -> list:
-    """The Relax constants ``mod``'s main function passes to its calls."""
-    import tvm
-    from tvm.relax.expr_functor import PyExprVisitor, visitor
-
-    out = []
-
-    @visitor
-    class _Find(PyExprVisitor):
-        def visit_constant_(self, c):
-            out.append(c)
-
-    _Find().visit_expr(mod["main"])
-    return out

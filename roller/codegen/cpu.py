@@ -307,10 +307,17 @@ def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -
 
     from ..prepack import program_layouts
 
+    from tvm.s_tir.dlight.analysis import get_root_block
+
     for name, layout in program_layouts(expr, program, device).items():
         dtype = next(t.dtype for t in expr.inputs if t.name == name)
+        # the main block, or the write-back an epilogue's input (a bias) was inlined into
+        reader = next((b for b in [block] + list(sch.get_child_blocks(get_root_block(sch)))
+                       if _read_index(sch, b, name) is not None), None)
+        if reader is None:
+            raise BuildError(f"{expr.name}: no block reads the prepacked input {name}")
         for index_map in layout.index_maps():
-            sch.transform_layout(block, name, index_map, pad_value=tvm.tirx.const(0, dtype))
+            sch.transform_layout(reader, name, index_map, pad_value=tvm.tirx.const(0, dtype))
 
 
 def _try_rfactor(sch, lane, factor_axis: int):
