@@ -177,7 +177,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
     packed, pads = packing(expr, tiles, device, vector_axis, inlined)
     layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
     lanes = compute_lanes(expr, device)
-    prepacked = prepackable(expr, tiles, vector_axis, lanes, packed, padded, constants)
+    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants)
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
@@ -222,7 +222,7 @@ def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
 def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
                        constants: frozenset[str] = frozenset()) -> list[RProgram]:
     """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated.
-    Inputs named in ``constants`` that a plan packs arrive packed (``roller.prepack``).
+    Inputs named in ``constants`` arrive packed in each plan's tiles (``roller.prepack``).
 
     The vector axis is a choice like the tile sizes: plans are built for every candidate
     (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
@@ -267,8 +267,8 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
     """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than topk plans
     exist, or while some vector-axis candidate has none yet (its aligned tiles may need a little padding
     where another candidate's do not: every candidate reaches the model's ranking). ``constants`` names
-    inputs that are constants at every call (a model's weights): the ones a plan packs are packed once,
-    ahead of the kernel (``RProgram.prepacked``), and the model charges no copy for them."""
+    inputs that are constants at every call (a model's weights): they are packed once, ahead of the kernel,
+    in the plan's tiles (``RProgram.prepacked``), and the model charges no copy for them."""
     if topk < 1:
         raise InvalidShapeError(f"topk must be at least 1, got {topk}")
     if not device.private_levels:

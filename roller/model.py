@@ -304,7 +304,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
     ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed.
     ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead.
-    ``constants`` names inputs that are constants at every call: those the plan packs arrive packed
+    ``constants`` names inputs that are constants at every call: they arrive packed in the plan's tiles
     (``roller.prepack.prepackable``) and cost no copy."""
     levels = device.private_levels
     if len(tiles) != len(levels):
@@ -327,7 +327,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     per_tile = compute_all / spatial
     source = data_source(expr, device)
     packed, _ = packing(expr, list(tiles), device, vector_axis)
-    prepacked = prepackable(expr, tiles, vector_axis, lanes, packed, padded, constants) if constants else ()
+    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants) if constants else ()
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked)
     mem, traf = {}, {}
     foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))

@@ -108,7 +108,7 @@ def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool 
     legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
     compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
     scheduled functions in place (it compiles into one self-contained library). With ``prepack`` the
-    constants a function's plan packs are packed once (:func:`roller.relax.prepack_constants`)."""
+    constants a function reads are packed once, in its plan's tiles (:func:`roller.relax.prepack_constants`)."""
     import tvm
 
     from . import cache as kcache

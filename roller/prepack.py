@@ -1,16 +1,16 @@
-"""Inputs packed once, ahead of the kernel: a constant (a model's weight) the plan packs arrives packed.
+"""Constant inputs packed once, ahead of the kernel: a model's weights arrive in the layout the plan walks.
 
-A plan copies a packed input per top tile into a compact buffer (``RProgram.packed``, in the plan's
-layout ``RProgram.layouts``, rows padded by ``RProgram.storage_pad``). When the input is a constant at
-every call, a copy can be made once when the model is compiled instead: the input is then stored tile by
-tile, each top tile's region contiguous, in blocks of the next level's tile in the order the kernel walks
-them, each block in the plan's layout, and the kernel reads it in place (``RProgram.prepacked``). :class:`PackedLayout` is that layout as plain data; it gives the index maps
-code generation applies to the parameter (``Schedule.transform_layout``) and applies them to an array
-(the constant, with numpy at compile time), so both sides follow one description.
+A plan reads each input tile by tile at every memory level, and copies some of them per top tile into a
+compact buffer (``RProgram.packed``, ``RProgram.layouts``, rows padded by ``RProgram.storage_pad``). An
+input that is a constant at every call (a weight) is instead stored once, when the model is compiled, in
+the plan's tiles: every tile of every level one contiguous block, the blocks in the order the kernel walks
+them (``RProgram.prepacked``). The kernel reads it in place, without a copy, and its first pass over a
+cold weight streams. :class:`PackedLayout` is that layout as plain data; it gives the index maps code
+generation applies to the parameter (``Schedule.transform_layout``) and applies them to an array (the
+constant, with numpy at compile time), so both sides follow one description.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -149,10 +149,11 @@ def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
 
 
 def prepackable(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
-                packed: Sequence[str], padded: Sequence[str], constants: frozenset[str]) -> tuple[str, ...]:
-    """The packed inputs that arrive prepacked: constants read in place by the main block (no producer
-    stage of the function), none of whose axes the plan pads (their padded copy is made per call), and
-    whose tile is a box of the buffer (:func:`packed_layout`)."""
+                padded: Sequence[str], constants: frozenset[str]) -> tuple[str, ...]:
+    """The inputs that arrive prepacked: the ``constants`` the function reads as they are (no producer
+    stage writes them), none of whose axes the plan pads (their padded copy is made per call), and whose
+    tiles are boxes of the buffer (:func:`packed_layout`). Whether or not the plan would copy them: stored
+    in its tiles, every input reads as dense blocks."""
     out = []
     for t in expr.inputs:
         if (t.name in constants and t.name not in expr.staged and not t.axes & set(padded)

@@ -320,8 +320,8 @@ class ScheduleModule:
     With ``verify`` every scheduled function with static shapes is built and run on random inputs next to
     TVM's build of the unscheduled function (:func:`check_schedule`); a schedule that disagrees is
     declined and the next rule tried (two builds per distinct function: ~0.1-0.3 s each).
-    With ``prepack`` (the default) the constants a function's plan packs are packed once, here
-    (:func:`prepack_constants`), and the function takes them packed.
+    With ``prepack`` (the default) the constants roller's functions read are packed once, here, in their
+    plans' tiles (:func:`prepack_constants`), and the functions take them packed.
     """
 
     def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,

@@ -34,7 +34,7 @@ class RProgram:
     partial_sums: bool = False        # a reduced vector axis keeps vectors of partial sums (rfactor)
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
     inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
-    prepacked: tuple[str, ...] = ()   # packed inputs that arrive packed (constants, roller.prepack): no copy
+    prepacked: tuple[str, ...] = ()   # constant inputs stored in the plan's tiles (roller.prepack): no copy
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, 
 
 import numpy as np  # noqa: E402
 
-from benchutil import time_alternately  # noqa: E402
+from benchutil import SETTLE_SECONDS, time_alternately  # noqa: E402
 
 
 def _models():
@@ -116,7 +116,10 @@ def bench(name: str, proto, args) -> dict:
         # PyTorch on the device's cores and on one: on a loaded 2-core machine its OpenMP threads wait
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
         impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
-    times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
+    if threads == 1:  # everything runs on this thread: its CPU time leaves out the other jobs on the machine
+        times = _cpu_alternately(impls, args.rounds)
+    else:
+        times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
     if torch_run is not None:
@@ -133,6 +136,19 @@ def bench(name: str, proto, args) -> dict:
         row["tvm_latency_seconds"] = tv["latency_seconds"]
         row["tvm_matches"] = frontend.compare(tv["outputs"], reference)["matches"]
     return row
+
+
+def _cpu_alternately(impls, rounds: int) -> dict[str, float]:
+    """Median thread CPU seconds per call of each (name, fn), timed in turn ``rounds`` times after a pause
+    each (model_breakdown.cpu_seconds)."""
+    from model_breakdown import cpu_seconds
+
+    times: dict[str, list[float]] = {name: [] for name, _ in impls}
+    for _ in range(rounds):
+        for name, fn in impls:
+            time.sleep(SETTLE_SECONDS)
+            times[name].append(cpu_seconds(fn, 0.2))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _ms(s):
@@ -171,7 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--ab-prepack", action="store_true",
                    help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
     p.add_argument("--threads", type=int, default=None,
-                   help="threads for roller and onnxruntime (default: the device's cores; 1 is steadier on a shared machine)")
+                   help="threads for roller and onnxruntime (default: the device's cores); with 1 the latencies are "
+                        "this thread's CPU time per run, steadier on a shared machine")
     p.add_argument("--out", default="build/bench_models")
     args = p.parse_args(argv)
     makers = _models()
@@ -194,8 +211,10 @@ def main(argv=None) -> int:
     text = table(rows)
     threads = os.environ.get("TVM_NUM_THREADS")
     print(text)
+    clock = "thread CPU time" if args.threads == 1 else "wall time"
     print(f"\nthreads: roller/TVM {threads}, onnxruntime intra-op {args.threads or roller.load_device(args.device).units.count}; "
-          f"latency = median of {args.rounds} alternating rounds; TVM default = median of {args.tvm_runs} run(s)")
+          f"latency = median of {args.rounds} alternating rounds ({clock}); TVM default = median of {args.tvm_runs} run(s); "
+          f"load {os.getloadavg()[0]:.2f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_models.md").write_text(text + "\n")
