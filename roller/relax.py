@@ -485,7 +485,7 @@ def _tir_calls(mod):
 
 def constant_params(mod) -> dict[str, frozenset[str]]:
     """PrimFunc name -> its parameters (by name) that every call of it (``call_tir``) passes a Relax
-    constant; a function called any other way (or not at all) has none."""
+    constant; a function called any other way too (``call_tir_inplace``...), or not at all, has none."""
     import tvm
     from tvm import relax
 
@@ -493,10 +493,12 @@ def constant_params(mod) -> dict[str, frozenset[str]]:
     for gv, call in _tir_calls(mod):
         args = call.args[1]
         called.setdefault(gv.name_hint, []).append(list(args.fields) if isinstance(args, relax.Tuple) else None)
+    referenced = call_counts(mod)  # every call naming the function
     out = {}
     for gv, f in mod.functions.items():
         sites = called.get(gv.name_hint)
-        if not isinstance(f, tvm.tirx.PrimFunc) or not sites or any(s is None for s in sites):
+        if (not isinstance(f, tvm.tirx.PrimFunc) or not sites or any(s is None for s in sites)
+                or referenced.get(gv.name_hint) != len(sites)):
             continue
         names = [str(p.name) for p in f.params]
         out[gv.name_hint] = frozenset(n for i, n in enumerate(names)

@@ -99,16 +99,11 @@ def test_cache_key_tells_prepacked_signatures_apart(device):
     assert function_key(func, device, False)[0] != function_key(func, device, False, frozenset({"weight"}))[0]
 
 
-@pytest.mark.build
-@pytest.mark.parametrize("cache", [False, True])
-def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
-    """Two convolutions of one shape with their own weights (one function, or two identical ones built
-    once): each call gets its weight packed, the kernel reads it packed, the outputs match onnxruntime."""
+def _two_convs():
+    """An ONNX model: two 3x3 convolutions of 32 channels on 12x12, each with its own weight, and ReLUs."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
-
-    from roller import frontend
 
     rng = np.random.default_rng(0)
     weights = [rng.normal(0, 0.1, (32, 32, 3, 3)).astype(np.float32) for _ in range(2)]
@@ -120,7 +115,34 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
         initializer=[numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)]),
         opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    assert onnx.checker.check_model(model) is None
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.build
+def test_cli_says_what_is_prepacked(tmp_path, capsys):
+    import json
+
+    import onnx
+
+    from roller import cli
+
+    path = tmp_path / "convs.onnx"
+    onnx.save(_two_convs(), str(path))
+    assert cli.main(["compile", str(path), "--no-profile"]) == 0
+    assert "(prepacked " in capsys.readouterr().out
+    assert cli.main(["compile", str(path), "--no-profile", "--no-prepack", "--json"]) == 0
+    assert not any(f["prepacked"] for f in json.loads(capsys.readouterr().out)["functions"])
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("cache", [False, True])
+def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
+    """Two convolutions of one shape with their own weights (one function, or two identical ones built
+    once): each call gets its weight packed, the kernel reads it packed, the outputs match onnxruntime."""
+    from roller import frontend
+
+    model = _two_convs()
     cm = roller.compile_model(model, device, cache=cache, verify=not cache)  # verify: checked packed, too
     convs = [r for r in cm.report if "conv2d" in r.name]
     assert convs and all(r.scheduled_by == "roller" and r.prepacked for r in convs), convs
@@ -139,3 +161,29 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
     unpacked = roller.compile_model(model, device, cache=cache, prepack=False)
     assert not any(r.prepacked for r in unpacked.report)
     assert frontend.check_against_onnxruntime(unpacked, model, time_it=False)["matches"]
+
+
+def test_constant_params_only_where_every_call_passes_a_constant():
+    from tvm import relax, te
+
+    from roller.relax import constant_params
+
+    def module(second):
+        """``add`` (one PrimFunc, deduplicated by the builder) called twice: (x, constant), then (y, second(y))."""
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((4,), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit_te(lambda a, b: te.compute((4,), lambda i: a[i] + b[i], name="c"), x,
+                               relax.const(np.ones(4, np.float32)), primfunc_name_hint="add")
+                z = bb.emit_output(bb.emit_te(lambda a, b: te.compute((4,), lambda i: a[i] + b[i], name="c"), y,
+                                              second(y), primfunc_name_hint="add"))
+            bb.emit_func_output(z)
+        return bb.get()
+
+    mod = module(lambda y: relax.const(np.zeros(4, np.float32)))
+    (name,) = [gv.name_hint for gv in mod.get_global_vars() if gv.name_hint != "main"]
+    params = [str(p.name) for p in mod[name].params]
+    assert constant_params(mod) == {name: frozenset({params[1]})}
+    mixed = module(lambda y: y)  # the second call passes a variable where the first passed a constant
+    assert constant_params(mixed) == {name: frozenset()}
