@@ -158,6 +158,11 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
             assert list(call.args[1].fields[names.index(param)].value.shape) == shape  # the call passes it packed
     check = frontend.check_against_onnxruntime(cm, model, time_it=False)
     assert check["matches"], check
+    if cache:  # from the cache, the layouts come with the kernels
+        again = roller.compile_model(model, device)
+        assert all(r.cache == "hit" for r in again.report if "conv2d" in r.name)
+        assert [r.prepacked for r in again.report] == [r.prepacked for r in cm.report]
+        assert frontend.check_against_onnxruntime(again, model, time_it=False)["matches"]
     unpacked = roller.compile_model(model, device, cache=cache, prepack=False)
     assert not any(r.prepacked for r in unpacked.report)
     assert frontend.check_against_onnxruntime(unpacked, model, time_it=False)["matches"]
