@@ -163,7 +163,8 @@ def cmd_compile(args) -> int:
         check_out_dir(args.out)
     cm = frontend.compile_model(args.model, args.device, shapes, profile=not args.no_profile, topk=args.topk,
                                 layout=args.layout, fast_math=not args.exact_math, verify=args.verify,
-                                profile_budget=args.profile_budget or None, cache=not args.no_cache)
+                                profile_budget=args.profile_budget or None, cache=not args.no_cache,
+                                prepack=not args.no_prepack)
     check = frontend.check_against_onnxruntime(cm, args.model)
     saved = cm.export(args.out) if args.out else None
     report = {**cm.to_dict(), **check}
@@ -187,7 +188,8 @@ def _print_compile(r: dict) -> None:
         same = f" (same as {f['reused']})" if f["reused"] else ""
         prof = f" [{f['profiled']}]" if f.get("profiled") else ""
         cached = f" (cache {f['cache']})" if f.get("cache") else ""
-        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{cached}{same}{why}{prof}")
+        packed = f" (prepacked {', '.join(f['prepacked'])})" if f.get("prepacked") else ""
+        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{cached}{same}{packed}{why}{prof}")
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
@@ -409,6 +411,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-cache", action="store_true",
                    help="with --no-profile: compile the model whole, neither reading nor writing the kernel "
                         "cache (default: each fused function from the cache, or compiled alone into it)")
+    c.add_argument("--no-prepack", action="store_true",
+                   help="kernels copy their constant inputs per call (default: weights packed once, at compile "
+                        "time, in each kernel's tiles)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--out", metavar="DIR", help="write the model library (relax.VirtualMachine) and the report")
     c.set_defaults(func=cmd_compile)

@@ -20,6 +20,7 @@ from .device import Device
 from .errors import InvalidShapeError, UnsupportedExpressionError
 from .expr import REDUCE, Expr
 from .model import Estimate, compute_rate, data_source, estimate, rank
+from .prepack import prepackable
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
@@ -193,11 +194,13 @@ def _reduction_fits_above(expr: Expr, device: Device, reg: Mapping[str, int], ve
 
 
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
-             vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = ()) -> RProgram:
+             vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = (),
+             constants: frozenset[str] = frozenset()) -> RProgram:
     """The plan with every layout choice the generated code depends on (see RProgram)."""
     packed, pads = packing(expr, tiles, device, vector_axis, inlined)
     layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
     lanes = compute_lanes(expr, device)
+    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants)
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
     foot = dict(est.footprint_bytes)
@@ -206,7 +209,7 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
         units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
         padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
-        layouts=layouts, inlined=inlined,
+        layouts=layouts, inlined=inlined, prepacked=prepacked,
         predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
         footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
@@ -239,9 +242,10 @@ def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
     return out
 
 
-def enumerate_programs(expr: Expr, device: Device, epsilon: float,
-                       axes: tuple[str, ...] | None = None) -> list[RProgram]:
+def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
+                       constants: frozenset[str] = frozenset()) -> list[RProgram]:
     """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated.
+    Inputs named in ``constants`` arrive packed in each plan's tiles (``roller.prepack``).
 
     The vector axis is a choice like the tile sizes: plans are built for every candidate
     (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
@@ -258,12 +262,12 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
             for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
                 for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
                     plans.append((va, tiles, padded, inlined))
-                    ests.append(estimate(ex, tiles, device, va, padded, inlined))
+                    ests.append(estimate(ex, tiles, device, va, padded, inlined, constants))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
     seen, out = set(), []
     for est, i in ranked:
         va, tiles, padded, inlined = plans[i]
-        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined)
+        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined, constants)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)
@@ -271,7 +275,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float,
 
 
 # The module that builds plans for each device kind: each has vector_candidates(expr) and
-# enumerate_programs(expr, device, epsilon, axes); construct() runs the same epsilon loop and ranking over them.
+# enumerate_programs(expr, device, epsilon, axes, constants); construct() runs the same epsilon loop and ranking over them.
 CONSTRUCTION_MODULES = {"cpu": __name__, "gpu": "roller.gpu_construct"}
 
 
@@ -282,10 +286,12 @@ def construction_rules(device: Device):
     return importlib.import_module(CONSTRUCTION_MODULES[device.kind])
 
 
-def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
+def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[str] = frozenset()) -> Construction:
     """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than topk plans
     exist, or while some vector-axis candidate has none yet (its aligned tiles may need a little padding
-    where another candidate's do not: every candidate reaches the model's ranking)."""
+    where another candidate's do not: every candidate reaches the model's ranking). ``constants`` names
+    inputs that are constants at every call (a model's weights): they are packed once, ahead of the kernel,
+    in the plan's tiles (``RProgram.prepacked``), and the model charges no copy for them."""
     if topk < 1:
         raise InvalidShapeError(f"topk must be at least 1, got {topk}")
     if not device.private_levels:
@@ -297,7 +303,7 @@ def construct(expr: Expr, device: Device, topk: int = 10) -> Construction:
     eps = EPSILON_STEPS[0]
     for eps in EPSILON_STEPS:
         axes = None if len(best) < topk else tuple(sorted(pending))
-        progs = kind.enumerate_programs(expr, device, eps, axes)
+        progs = kind.enumerate_programs(expr, device, eps, axes, frozenset(constants))
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
         pending -= {p.vector_axis for p in progs}

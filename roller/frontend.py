@@ -369,7 +369,8 @@ def build_module(mod, target):
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
                   profile: bool = False, topk: int = 10, name: str | None = None,
                   layout: str = "NHWC", fast_math: bool = True, verify: bool = False,
-                  profile_budget: float | None = PROFILE_BUDGET_SECONDS, cache: bool = True) -> CompiledModel:
+                  profile_budget: float | None = PROFILE_BUDGET_SECONDS, cache: bool = True,
+                  prepack: bool = True) -> CompiledModel:
     """Compiles a whole model for ``device`` (default: this machine).
 
     ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
@@ -381,6 +382,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     of their top-``topk`` plans, timed, instead of the model's first plan, the largest predicted share of
     the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
     function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
+    With ``prepack`` (the default) the constants (weights) a roller kernel reads are packed once, here, in
+    its plan's tiles, and the kernel reads them packed (:mod:`roller.prepack`); profiled plans do not prepack.
 
     Without ``profile`` and with ``cache`` (the default) every fused function comes from the persistent
     kernel cache, or is scheduled, compiled alone and stored there (:mod:`roller.model_cache`): a second
@@ -413,10 +416,11 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     calls_cache = cache and not profile
     if calls_cache:  # every function from the kernel cache or compiled alone into it
         from .model_cache import schedule_and_build
-        ex, report, mod, seconds["build"] = schedule_and_build(mod, dev, verify)
+        ex, report, mod, seconds["build"] = schedule_and_build(mod, dev, verify, prepack)
         seconds["schedule"] = time.perf_counter() - t - seconds["build"]
     else:
-        sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget)
+        sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
+                               prepack=prepack)
         mod = sched(mod)
         report = sched.report
         seconds["schedule"] = time.perf_counter() - t

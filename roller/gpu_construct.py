@@ -207,9 +207,11 @@ def plan(expr: Expr, tiles: list[Mapping[str, int]], device: Device, epsilon: fl
     return _program(expr, tiles, device, epsilon, estimate(expr, tiles, device))
 
 
-def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None) -> list[RProgram]:
+def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
+                       constants: frozenset[str] = frozenset()) -> list[RProgram]:
     """Every GPU plan at one epsilon that fits an SM, ranked by the model (best first). GPU plans have no
-    vector axis: ``axes`` (the vector axes construction still wants plans for) being empty asks for none."""
+    vector axis: ``axes`` (the vector axes construction still wants plans for) being empty asks for none.
+    They pack nothing ahead of the kernel: ``constants`` is unused."""
     if axes is not None and not axes:
         return []
     found = []

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
+from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, copied_stages, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
 from .tails import (STACK_ARRAY_BYTES, accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes,
@@ -85,10 +86,10 @@ def launch_seconds(device: Device, units: int) -> float:
 TRANSPOSE_CYCLES = 3.0
 
 
-def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> float:
+def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepacked: tuple[str, ...] = ()) -> float:
     """Seconds the transposed packs of one top tile (one step of its reduction) take, serial with its
-    compute."""
-    return transposed_elements(expr, top) * TRANSPOSE_CYCLES * cycle_seconds(device)
+    compute (none for inputs that arrive packed)."""
+    return transposed_elements(expr, top, prepacked) * TRANSPOSE_CYCLES * cycle_seconds(device)
 
 
 # Cycles per lane of partial sums folded into its output (a reduced vector axis): the write-back adds the
@@ -354,13 +355,15 @@ def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: 
 
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
-             inlined: tuple[str, ...] = ()) -> Estimate:
+             inlined: tuple[str, ...] = (), constants: frozenset[str] = frozenset()) -> Estimate:
     """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``, that vectorizes
     ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
     the last of ``roller.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
     the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
     ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed.
-    ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead."""
+    ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead.
+    ``constants`` names inputs that are constants at every call: they arrive packed in the plan's tiles
+    (``roller.prepack.prepackable``) and cost no copy."""
     levels = device.private_levels
     if len(tiles) != len(levels):
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
@@ -382,7 +385,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     per_tile = compute_all / spatial
     source = data_source(expr, device)
     packed, _ = packing(expr, list(tiles), device, vector_axis)
-    copies = copy_bytes(expr, tiles[-1], padded, packed, inlined)
+    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants) if constants else ()
+    copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked)
     mem, traf = {}, {}
     foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
@@ -400,7 +404,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
              * total / spatial
-             + transpose_seconds(expr, tiles[-1], device) * total / spatial
+             + transpose_seconds(expr, tiles[-1], device, prepacked) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)

@@ -30,11 +30,15 @@ _REGISTERED: set[str] = set()
 _REGISTER_LOCK = threading.Lock()
 
 
-def function_key(func, device: Device, verify: bool) -> tuple[str, dict]:
-    """(cache key, ingredients) of one fused PrimFunc compiled at the top-1 tier."""
+def function_key(func, device: Device, verify: bool, constants: frozenset[str] = frozenset()) -> tuple[str, dict]:
+    """(cache key, ingredients) of one fused PrimFunc compiled at the top-1 tier; ``constants`` (the
+    parameters that are constants at every call, which the kernel may take packed and so with another
+    signature) is part of it."""
     from . import cache as kcache
 
     options = {"kind": REPORT_KIND, "profile": False, "topk": 1, "build_budget": None, "verify": bool(verify)}
+    if constants:
+        options["constants"] = sorted(constants)
     return kcache.kernel_key(func.with_attr("global_symbol", "main"), device, options)
 
 
@@ -59,9 +63,10 @@ def _register(key: str, module) -> str:
     return name
 
 
-def _kernel(sched, name: str, func, device: Device, store) -> tuple[str, Any, Any, Any]:
-    """(cache key, loaded library, scheduled PrimFunc or None, FunctionReport) of one fused function,
-    from the cache, or scheduled, compiled and published; the report's ``cache`` is hit or miss."""
+def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[str]) -> tuple[str, Any, Any, Any]:
+    """(cache key, loaded library, scheduled PrimFunc or None, FunctionReport) of one fused function whose
+    parameters ``constants`` are constants at every call, from the cache, or scheduled, compiled and
+    published; the report's ``cache`` is hit or miss."""
     import tvm
 
     from . import cache as kcache
@@ -69,12 +74,12 @@ def _kernel(sched, name: str, func, device: Device, store) -> tuple[str, Any, An
     from .profile import KernelLibrary, build_root
     from .relax import FunctionReport
 
-    key, parts = function_key(func, device, sched.verify)
+    key, parts = function_key(func, device, sched.verify, constants)
     built: list[KernelLibrary] = []
 
     def build():
         t0 = time.perf_counter()
-        scheduled, rep = sched.schedule_function(name, func)
+        scheduled, rep = sched.schedule_function(name, func, constants)
         folder = tempfile.mkdtemp(prefix="function-", dir=build_root())
         built.append(KernelLibrary(path=os.path.join(folder, "kernel.so"), folder=folder))
         _compile(scheduled if scheduled is not None else func, device, built[-1].path)
@@ -98,33 +103,37 @@ def _kernel(sched, name: str, func, device: Device, store) -> tuple[str, Any, An
     return key, module, scheduled, rep
 
 
-def schedule_and_build(mod, device: Device, verify: bool = False):
+def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool = True):
     """(executable, per-function reports, standalone module, seconds of the final Relax build) of a
     legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
     compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
-    scheduled functions in place (it compiles into one self-contained library)."""
+    scheduled functions in place (it compiles into one self-contained library). With ``prepack`` the
+    constants a function reads are packed once, in its plan's tiles (:func:`roller.relax.prepack_constants`)."""
     import tvm
 
     from . import cache as kcache
     from .frontend import build_module
-    from .relax import SCHEDULED_ATTR, ScheduleModule, is_scheduled
+    from .relax import SCHEDULED_ATTR, ScheduleModule, constant_params, is_scheduled, prepack_constants
     from .tvmutil import set_threads, target_for
 
     set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool
-    sched = ScheduleModule(device, verify=verify)
+    sched = ScheduleModule(device, verify=verify, prepack=prepack)
     store = kcache.open_store()
     standalone = mod.clone()
-    symbols: dict = {}  # GlobalVar -> the registered name its calls use
+    constants = constant_params(mod) if prepack else {}
+    symbols: dict = {}  # function name -> the registered name its calls use
     reports = []
     for gv, func in sorted(((gv, f) for gv, f in mod.functions_items()
                             if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint):
         t0 = time.perf_counter()
-        key, module, scheduled, rep = _kernel(sched, gv.name_hint, func, device, store)
+        key, module, scheduled, rep = _kernel(sched, gv.name_hint, func, device, store,
+                                              constants.get(gv.name_hint, frozenset()))
         rep.seconds = time.perf_counter() - t0
         reports.append(rep)
         if scheduled is not None:
             standalone[gv] = scheduled.with_attr(SCHEDULED_ATTR, True)
-        symbols[gv] = _register(key, module)
+        symbols[gv.name_hint] = _register(key, module)
+    standalone = prepack_constants(standalone, reports)
     calls = _by_name(standalone, symbols)
     t = time.perf_counter()
     ex = build_module(calls, target_for(device))
@@ -132,7 +141,7 @@ def schedule_and_build(mod, device: Device, verify: bool = False):
 
 
 def _by_name(mod, symbols: dict):
-    """``mod`` with every ``call_tir`` of a function in ``symbols`` (a GlobalVar -> global function name)
+    """``mod`` with every ``call_tir`` of a function in ``symbols`` (its name -> global function name)
     turned into ``call_dps_packed`` of that name, and those functions left out when no call remains."""
     import tvm
     from tvm import relax
@@ -145,12 +154,12 @@ def _by_name(mod, symbols: dict):
     class _Rewrite(PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if call.op.same_as(call_tir) and call.args[0] in symbols:
+            if call.op.same_as(call_tir) and call.args[0].name_hint in symbols:
                 if len(call.args) == 2:  # no symbolic-shape arguments (tir_vars)
                     out = call.ty_args[0]  # several outputs: a tuple type, given as the list of its fields
                     outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
-                    return relax.call_dps_packed(relax.ExternFunc(symbols[call.args[0]]), call.args[1], outs)
-                kept.add(call.args[0])
+                    return relax.call_dps_packed(relax.ExternFunc(symbols[call.args[0].name_hint]), call.args[1], outs)
+                kept.add(call.args[0].name_hint)
             return call
 
     rewrite = _Rewrite(mod)
@@ -158,5 +167,5 @@ def _by_name(mod, symbols: dict):
         if isinstance(func, relax.Function):
             rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
     out = rewrite.builder_.get()
-    return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv not in symbols or gv in kept},
+    return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv.name_hint not in symbols or gv.name_hint in kept},
                         attrs=out.attrs, global_infos=out.global_infos)

@@ -58,6 +58,8 @@ class FunctionReport:
     notes: tuple[str, ...] = ()
     profiled: str | None = None  # with profiling: what it chose, or why the first plan stayed
     cache: str | None = None     # through the kernel cache (roller.model_cache): "hit", "miss" or "off"
+    # parameter -> roller.prepack.PackedLayout.to_dict(): constants the kernel takes packed (prepack_constants)
+    prepacked: dict = field(default_factory=dict)
 
     @property
     def reason(self) -> str | None:
@@ -68,14 +70,15 @@ class FunctionReport:
         return {"name": self.name, "scheduled_by": self.scheduled_by, "seconds": self.seconds,
                 "reason": self.reason, "declined": dict(self.declined), "reused": self.reused,
                 "plan": self.plan, "notes": list(self.notes), "profiled": self.profiled,
-                "cache": self.cache}
+                "cache": self.cache, "prepacked": dict(self.prepacked)}
 
 
 class Rule:
     """A scheduling rule: ``apply(func, device)`` returns a ``tvm.s_tir.Schedule`` or None.
 
     Subclasses implement :meth:`attempt`, which also says why the rule declined; a rule never raises for
-    a function it cannot schedule. ``plan`` / ``notes`` describe the last successful attempt (reports).
+    a function it cannot schedule. ``plan`` / ``notes`` / ``prepacked`` describe the last successful
+    attempt (reports).
     """
 
     name = "rule"
@@ -83,10 +86,17 @@ class Rule:
     def __init__(self):
         self.plan: dict | None = None
         self.notes: tuple[str, ...] = ()
+        self.prepacked: dict[str, dict] = {}
 
     def attempt(self, func, device: Device):
         """(Schedule, "") when the rule schedules ``func``, else (None, why not)."""
         raise NotImplementedError
+
+    def attempt_with(self, func, device: Device, constants: frozenset[str]):
+        """:meth:`attempt`, where the parameters named in ``constants`` are constants at every call: a rule
+        may then take some of them packed (its ``prepacked``: parameter -> layout). By default it does not."""
+        self.prepacked = {}
+        return self.attempt(func, device)
 
     def apply(self, func, device: Device):
         return self.attempt(func, device)[0]
@@ -114,28 +124,35 @@ class RollerRule(Rule):
     name = "roller"
 
     def attempt(self, func, device: Device):
+        return self.attempt_with(func, device, frozenset())
+
+    def attempt_with(self, func, device: Device, constants: frozenset[str]):
+        """The model's first plan; the constants it packs arrive packed (``roller.prepack``)."""
         from .api import analyze
         from .construct import construct
 
-        self.plan, self.notes = None, ()
+        self.plan, self.notes, self.prepacked = None, (), {}
         try:
             expr, norm = analyze(func)
         except RollerError as e:
             return self._attempt_rows(func, device, str(e))
         try:
-            program = construct(expr, device, 1).programs[0]
+            program = construct(expr, device, 1, constants).programs[0]
         except _schedule_errors() as e:
             return None, f"not planned: {_first_line(e)}"
         return self._schedule(norm, expr, program, device)
 
     def _schedule(self, norm, expr, program, device: Device):
         from .codegen import schedule
+        from .prepack import program_layouts
 
         notes: list[str] = []
         try:
             sch = schedule(norm, expr, program, device, notes)
+            prepacked = {n: layout.to_dict() for n, layout in program_layouts(expr, program, device).items()}
         except _schedule_errors() as e:
             return None, f"planned but not scheduled: {_first_line(e)}"
+        self.prepacked = prepacked
         self.plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                      "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
                      "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
@@ -150,7 +167,7 @@ class RollerRule(Rule):
         from .api import analyze, build
         from .construct import construct
 
-        self.plan, self.notes = None, ()
+        self.plan, self.notes, self.prepacked = None, (), {}
         expr, norm = analyze(func)
         programs = construct(expr, device, topk).programs
         first = programs[0].predicted_seconds
@@ -303,11 +320,14 @@ class ScheduleModule:
     With ``verify`` every scheduled function with static shapes is built and run on random inputs next to
     TVM's build of the unscheduled function (:func:`check_schedule`); a schedule that disagrees is
     declined and the next rule tried (two builds per distinct function: ~0.1-0.3 s each).
+    With ``prepack`` (the default) the constants roller's functions read are packed once, here, in their
+    plans' tiles (:func:`prepack_constants`), and the functions take them packed.
     """
 
     def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,
-                 verify: bool = False, profile_budget: float | None = PROFILE_BUDGET_SECONDS):
+                 verify: bool = False, profile_budget: float | None = PROFILE_BUDGET_SECONDS, prepack: bool = True):
         self.device = device
+        self.prepack = prepack
         self.rules = rules if rules is not None else default_rules()
         self.verify = verify
         self.profile, self.topk, self.profile_budget = profile, topk, profile_budget
@@ -319,22 +339,26 @@ class ScheduleModule:
 
         mod = mod.clone()
         self.report = []
-        done: dict[int, list[tuple[object, object, str]]] = {}  # hash -> (original, scheduled, name)
+        constants = constant_params(mod) if self.prepack else {}
+        # (hash, constant parameters) -> (original, scheduled, name)
+        done: dict[tuple, list[tuple[object, object, str]]] = {}
         items = sorted(((gv, f) for gv, f in mod.functions.items()
                         if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint)
         for gv, func in items:
             t0 = time.perf_counter()
-            key = tvm_ffi.structural_hash(func)
+            consts = constants.get(gv.name_hint, frozenset())
+            key = (tvm_ffi.structural_hash(func), consts)
             same = next((entry for entry in done.get(key, []) if tvm_ffi.structural_equal(entry[0], func)), None)
             if same is not None:
                 _, scheduled, first = same
                 earlier = next(r for r in self.report if r.name == first)
                 self.report.append(FunctionReport(gv.name_hint, earlier.scheduled_by, time.perf_counter() - t0,
-                                                  dict(earlier.declined), reused=first, plan=earlier.plan))
+                                                  dict(earlier.declined), reused=first, plan=earlier.plan,
+                                                  prepacked=dict(earlier.prepacked)))
                 if scheduled is not None:
                     mod[gv] = scheduled
                 continue
-            scheduled, rep = self.schedule_function(gv.name_hint, func)
+            scheduled, rep = self.schedule_function(gv.name_hint, func, consts)
             rep.seconds = time.perf_counter() - t0
             self.report.append(rep)
             done.setdefault(key, []).append((func, scheduled, gv.name_hint))
@@ -342,22 +366,24 @@ class ScheduleModule:
                 mod[gv] = scheduled
         if self.profile:
             self._profile(mod, dict(items))
-        return mod
+        return prepack_constants(mod, self.report)
 
-    def schedule_function(self, name: str, func):
+    def schedule_function(self, name: str, func, constants: frozenset[str] = frozenset()):
         """(the function scheduled by the first rule that applies and marked ``tirx.is_scheduled``, or
-        None when none does; its :class:`FunctionReport`, ``seconds`` included)."""
+        None when none does; its :class:`FunctionReport`, ``seconds`` included). ``constants`` names the
+        parameters that are constants at every call (:func:`constant_params`): the report's ``prepacked``
+        says which of them the scheduled function takes packed."""
         t0 = time.perf_counter()
         declined: dict[str, str] = {}
         for rule in self.rules:
-            sch, why = rule.attempt(func, self.device)
+            sch, why = rule.attempt_with(func, self.device, constants)
             if sch is not None and self.verify:
-                why = check_schedule(func, sch.mod["main"], self.device)
+                why = check_schedule(func, sch.mod["main"], self.device, prepacked=rule.prepacked)
                 sch = None if why else sch
             if sch is not None:
                 return (sch.mod["main"].with_attr(SCHEDULED_ATTR, True),
                         FunctionReport(name, rule.name, time.perf_counter() - t0, declined, plan=rule.plan,
-                                       notes=rule.notes))
+                                       notes=rule.notes, prepacked=dict(rule.prepacked)))
             declined[rule.name] = why
         return None, FunctionReport(name, "none", time.perf_counter() - t0, declined)
 
@@ -398,6 +424,7 @@ class ScheduleModule:
             for r in self.report:
                 if r.name == name or r.reused == name:
                     mod[by_name[r.name]] = scheduled
+                    r.prepacked = dict(rule.prepacked)
                     if r.reused == name:
                         r.plan = rule.plan
         for r in self.report:
@@ -434,13 +461,103 @@ def call_counts(mod) -> dict[str, int]:
     return counts
 
 
-def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
+def _tir_calls(mod):
+    """(GlobalVar, call) for every ``call_tir`` in the Relax functions of ``mod``."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    out = []
+
+    @visitor
+    class _Calls(PyExprVisitor):
+        def visit_call_(self, call):
+            if call.op.same_as(call_tir):
+                out.append((call.args[0], call))
+            super().visit_call_(call)
+
+    for _, f in mod.functions.items():
+        if isinstance(f, relax.Function):
+            _Calls().visit_expr(f)
+    return out
+
+
+def constant_params(mod) -> dict[str, frozenset[str]]:
+    """PrimFunc name -> its parameters (by name) that every call of it (``call_tir``) passes a Relax
+    constant; a function called any other way too (``call_tir_inplace``...), or not at all, has none."""
+    import tvm
+    from tvm import relax
+
+    called: dict[str, list] = {}
+    for gv, call in _tir_calls(mod):
+        args = call.args[1]
+        called.setdefault(gv.name_hint, []).append(list(args.fields) if isinstance(args, relax.Tuple) else None)
+    referenced = call_counts(mod)  # every call naming the function
+    out = {}
+    for gv, f in mod.functions.items():
+        sites = called.get(gv.name_hint)
+        if (not isinstance(f, tvm.tirx.PrimFunc) or not sites or any(s is None for s in sites)
+                or referenced.get(gv.name_hint) != len(sites)):
+            continue
+        names = [str(p.name) for p in f.params]
+        out[gv.name_hint] = frozenset(n for i, n in enumerate(names)
+                                      if all(i < len(s) and isinstance(s[i], tvm.ir.expr.Constant) for s in sites))
+    return out
+
+
+def prepack_constants(mod, reports) -> object:
+    """``mod`` with the constants that scheduled functions take packed (each report's ``prepacked``:
+    parameter -> :class:`roller.prepack.PackedLayout` dict) packed at every call, once, with numpy."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from .prepack import PackedLayout
+
+    layouts = {r.name: {n: PackedLayout.from_dict(d) for n, d in r.prepacked.items()} for r in reports if r.prepacked}
+    if not layouts:
+        return mod
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    params = {gv.name_hint: [str(p.name) for p in f.params] for gv, f in mod.functions.items()
+              if gv.name_hint in layouts}
+    # each function whose signature changed is added again, under a new GlobalVar: the old one keeps the
+    # old signature's type, against which Relax checks the calls
+    changed = {gv: f for gv, f in mod.functions_items() if gv.name_hint in layouts}
+    base = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in changed}, attrs=mod.attrs,
+                        global_infos=mod.global_infos)
+
+    @mutator
+    class _Pack(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(call_tir) or call.args[0] not in fresh:
+                return call
+            name = call.args[0].name_hint
+            args = list(call.args[1].fields)
+            for i, p in enumerate(params[name]):
+                if p in layouts[name]:
+                    data = args[i].value.numpy()
+                    args[i] = relax.const(layouts[name][p].apply(data), str(data.dtype))
+            return relax.Call(call.op, [fresh[call.args[0]], relax.Tuple(args)] + list(call.args[2:]), call.attrs,
+                              call.ty_args, call.span)
+
+    pack = _Pack(base)
+    fresh = {gv: pack.builder_.add_func(f, gv.name_hint) for gv, f in changed.items()}
+    for gv, func in base.functions_items():
+        if isinstance(func, relax.Function):
+            pack.builder_.update_func(gv, pack.visit_expr(func))
+    return pack.builder_.get()
+
+
+def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: dict | None = None) -> str:
     """"" when ``scheduled`` computes what ``func`` computes, else why not (one line).
 
     Both are built for the device and run on the same random contents of every buffer parameter (the
     outputs' too, so an output element the schedule forgets to write shows); afterwards every buffer must
-    agree within roller.profile.TOLERANCE (exactly for integers). Functions with symbolic shapes or
-    scalar parameters are not checked ("")."""
+    agree within roller.profile.TOLERANCE (exactly for integers). ``scheduled`` takes the parameters named
+    in ``prepacked`` (parameter -> PackedLayout dict) packed: it gets those contents packed, and only the
+    other buffers are compared. Functions with symbolic shapes or scalar parameters are not checked ("")."""
     import numpy as np
     import tvm
     from tvm import tirx
@@ -455,17 +572,23 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0) -> str:
         return ""
     arrays = list(random_arrays({str(i): (tuple(int(d) for d in p.shape), str(p.dtype))
                                  for i, p in enumerate(params)}, seed).values())
+    from .prepack import PackedLayout
+
+    layouts = {n: PackedLayout.from_dict(d) for n, d in (prepacked or {}).items()}
+    packed = [layouts[str(p.name)].apply(a) if str(p.name) in layouts else a for p, a in zip(params, arrays)]
     target, dev = target_for(device), tvm.cpu()
     results = []
-    for f in (func, scheduled):
+    for f, given in ((func, arrays), (scheduled, packed)):
         try:
             ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
         except _schedule_errors() as e:
             return f"does not build: {_first_line(e)}"
-        bufs = [tvm.runtime.tensor(a.copy(), dev) for a in arrays]
+        bufs = [tvm.runtime.tensor(a.copy(), dev) for a in given]
         ex["main"](*bufs)
         results.append([b.numpy() for b in bufs])
     for p, want, got in zip(params, *results):
+        if str(p.name) in layouts:
+            continue  # an input, read in another layout
         rtol, atol = TOLERANCE.get(str(p.dtype), (0, 0))
         if not np.allclose(got, want, rtol=rtol, atol=atol):
             err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))

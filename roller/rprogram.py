@@ -34,6 +34,7 @@ class RProgram:
     partial_sums: bool = False        # a reduced vector axis keeps vectors of partial sums (rfactor)
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
     inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
+    prepacked: tuple[str, ...] = ()   # constant inputs stored in the plan's tiles (roller.prepack): no copy
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
@@ -55,10 +56,10 @@ class RProgram:
     @property
     def key(self) -> tuple:
         """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
-        inlined padding stages)."""
+        inlined padding stages, prepacked inputs)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
-                tuple(sorted(self.layouts.items())), self.inlined)
+                tuple(sorted(self.layouts.items())), self.inlined, self.prepacked)
 
     def problem(self, axes: list[str]) -> str | None:
         """Why the plan breaks the tile contract for an expression with these axis names, or None:
@@ -83,6 +84,7 @@ class RProgram:
             "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
             "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
             "layouts": {k: list(v) for k, v in self.layouts.items()}, "inlined": list(self.inlined),
+            "prepacked": list(self.prepacked),
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
@@ -101,6 +103,7 @@ class RProgram:
             padded=tuple(d.get("padded", ())), predicated=tuple(d.get("predicated", ())),
             partial_sums=bool(d.get("partial_sums", False)),
             layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()}, inlined=tuple(d.get("inlined", ())),
+            prepacked=tuple(d.get("prepacked", ())),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),

@@ -213,7 +213,7 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
 
 
 def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...],
-               inlined: tuple[str, ...] = ()) -> int:
+               inlined: tuple[str, ...] = (), prepacked: tuple[str, ...] = ()) -> int:
     """Bytes the plan's copies move for the whole operator (read and written once each):
 
     - an input packed in a transposed layout: its region, once per top tile (padded or not);
@@ -228,10 +228,13 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     A packed input's plain copy (no padding, no transposition) is not charged the first time: the model
     does not credit what packing saves either (conflict-free dense rows), and charging one side only
     ranked packed plans last while they ran fastest (matmul 1024^3). Copies of the same region again (top
-    tiles along an axis that does not index the input) are charged."""
+    tiles along an axis that does not index the input) are charged. Inputs that arrive packed
+    (``prepacked``) cost no copy."""
     tiles = tile_counts(expr, top)[0]
     total = 0
     for t in expr.inputs:
+        if t.name in prepacked:
+            continue  # packed once, at compile time (roller.prepack): the kernel copies nothing of it
         region = 2 * math.prod(t.region(top)) * t.elem_bytes  # one tile's region, read and written
         if t.name in packed and not t.packed_order and not t.axes & set(padded):
             # a plain pack is free the first time (see the docstring), not when the top tiles
@@ -255,9 +258,10 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     return total
 
 
-def transposed_elements(expr: Expr, top: Mapping[str, int]) -> int:
-    """Elements one top tile copies into transposed packs (inputs the plan stores in another layout)."""
-    return sum(math.prod(t.region(top)) for t in expr.inputs if t.packed_order)
+def transposed_elements(expr: Expr, top: Mapping[str, int], prepacked: tuple[str, ...] = ()) -> int:
+    """Elements one top tile copies into transposed packs (inputs the plan stores in another layout and
+    that do not arrive packed)."""
+    return sum(math.prod(t.region(top)) for t in expr.inputs if t.packed_order and t.name not in prepacked)
 
 
 def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, 
 
 import numpy as np  # noqa: E402
 
-from benchutil import time_alternately  # noqa: E402
+from benchutil import SETTLE_SECONDS, time_alternately  # noqa: E402
 
 
 def _models():
@@ -96,22 +96,30 @@ def bench(name: str, proto, args) -> dict:
     for r in cm.report:
         row["by_rule"][r.scheduled_by] = row["by_rule"].get(r.scheduled_by, 0) + 1
     feeds = cm.random_inputs()
-    sess = frontend.onnxruntime_session(proto, dev.units.count)
+    threads = args.threads or dev.units.count
+    sess = frontend.onnxruntime_session(proto, threads)
     reference = sess.run(None, feeds)
     row.update(frontend.compare(cm.run(feeds), reference))
     impls = [("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))]
+    if args.ab_prepack:  # the same plans' kernels packing their constant inputs at every call
+        cu = roller.compile_model(proto, dev, name=name, prepack=False)
+        row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference)["matches"]
+        impls.append(("roller_unpacked", cu.run_fn(feeds)))
     if args.profile:
         cp = roller.compile_model(proto, dev, name=name, profile=True, topk=args.topk)
         row["profiled_compile_seconds"] = cp.compile_seconds
         row["profiled_matches"] = frontend.compare(cp.run(feeds), reference)["matches"]
         impls.append(("roller_profiled", cp.run_fn(feeds)))
-    torch_run = None if args.no_torch else _torch_runner(proto, dev.units.count)
+    torch_run = None if args.no_torch else _torch_runner(proto, threads)
     if torch_run is not None:
         row["torch_matches"] = frontend.compare(torch_run(feeds), reference)["matches"]
         # PyTorch on the device's cores and on one: on a loaded 2-core machine its OpenMP threads wait
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
-        impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, dev.units.count})]
-    times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
+        impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
+    if threads == 1:  # everything runs on this thread: its CPU time leaves out the other jobs on the machine
+        times = _cpu_alternately(impls, args.rounds)
+    else:
+        times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
     if torch_run is not None:
@@ -120,12 +128,27 @@ def bench(name: str, proto, args) -> dict:
         row["torch_latency_by_threads"] = {k[len("torch_"):]: v for k, v in times.items() if k.startswith("torch_")}
     if args.profile:
         row["profiled_latency_seconds"] = times["roller_profiled"]
+    if args.ab_prepack:
+        row["unpacked_latency_seconds"] = times["roller_unpacked"]
     if args.tvm_runs > 0:
         tv = _tvm_default(proto, cm.inputs, target_for(dev), args.tvm_runs, feeds)
         row["tvm_compile_seconds"] = tv["compile_seconds"]
         row["tvm_latency_seconds"] = tv["latency_seconds"]
         row["tvm_matches"] = frontend.compare(tv["outputs"], reference)["matches"]
     return row
+
+
+def _cpu_alternately(impls, rounds: int) -> dict[str, float]:
+    """Median thread CPU seconds per call of each (name, fn), timed in turn ``rounds`` times after a pause
+    each (model_breakdown.cpu_seconds)."""
+    from model_breakdown import cpu_seconds
+
+    times: dict[str, list[float]] = {name: [] for name, _ in impls}
+    for _ in range(rounds):
+        for name, fn in impls:
+            time.sleep(SETTLE_SECONDS)
+            times[name].append(cpu_seconds(fn, 0.2))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _ms(s):
@@ -161,6 +184,11 @@ def main(argv=None) -> int:
     p.add_argument("--tvm-runs", type=int, default=1,
                    help="runs of TVM's default (unscheduled) build to time; 0 skips it (default 1: it is slow)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column even if torch imports")
+    p.add_argument("--ab-prepack", action="store_true",
+                   help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for roller and onnxruntime (default: the device's cores); with 1 the latencies are "
+                        "this thread's CPU time per run, steadier on a shared machine")
     p.add_argument("--out", default="build/bench_models")
     args = p.parse_args(argv)
     makers = _models()
@@ -170,17 +198,23 @@ def main(argv=None) -> int:
         p.error(f"unknown model(s) {unknown}; choose from {', '.join(makers)}")
     from roller.tvmutil import set_threads
     import roller
-    set_threads(roller.load_device(args.device).units.count)
+    set_threads(args.threads or roller.load_device(args.device).units.count)
     rows = []
     for n in names:
         print(f"== {n}", file=sys.stderr)
         rows.append(bench(n, makers[n](), args))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
+        if args.ab_prepack:
+            r = rows[-1]
+            print(f"{n}: prepacked {_ms(r['latency_seconds'])} ms, unpacked {_ms(r['unpacked_latency_seconds'])} ms "
+                  f"(matches: {r['unpacked_matches']}), load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     text = table(rows)
     threads = os.environ.get("TVM_NUM_THREADS")
     print(text)
-    print(f"\nthreads: roller/TVM {threads}, onnxruntime intra-op {roller.load_device(args.device).units.count}; "
-          f"latency = median of {args.rounds} alternating rounds; TVM default = median of {args.tvm_runs} run(s)")
+    clock = "thread CPU time" if args.threads == 1 else "wall time"
+    print(f"\nthreads: roller/TVM {threads}, onnxruntime intra-op {args.threads or roller.load_device(args.device).units.count}; "
+          f"latency = median of {args.rounds} alternating rounds ({clock}); TVM default = median of {args.tvm_runs} run(s); "
+          f"load {os.getloadavg()[0]:.2f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_models.md").write_text(text + "\n")

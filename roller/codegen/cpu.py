@@ -227,6 +227,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             sch.compute_inline(producer)  # the main block reads the tensor itself, behind its bounds
             continue
         # the plan's layout over the buffer's own dimensions (fused axes stand for several)
+        if t.name in program.prepacked:
+            continue  # it arrives packed: the kernel reads it in place (_read_prepacked)
         layout = _buffer_order(expr, t, program.layouts[t.name]) if program.layouts.get(t.name) else ()
         if producer is None and t.name in program.packed and _read_index(sch, block, t.name) is not None:
             if pack_at is None and not layout:
@@ -302,7 +304,30 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if wb is not None:
         # the write-back's own loops start below the accumulator's loop: its init goes above them all
         sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0])
+    if program.prepacked:
+        _read_prepacked(sch, block, expr, program, device)
     return sch
+
+
+def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -> None:
+    """The parameters of the inputs the plan prepacks take their packed layout (``roller.prepack``): the
+    main block reads them in place, and the function's signature changes to the packed shapes (padding,
+    which the caller fills with zeros, becomes an assumption)."""
+    import tvm
+
+    from ..prepack import program_layouts
+
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    for name, layout in program_layouts(expr, program, device).items():
+        dtype = next(t.dtype for t in expr.inputs if t.name == name)
+        # the main block, or the write-back an epilogue's input (a bias) was inlined into
+        reader = next((b for b in [block] + list(sch.get_child_blocks(get_root_block(sch)))
+                       if _read_index(sch, b, name) is not None), None)
+        if reader is None:
+            raise BuildError(f"{expr.name}: no block reads the prepacked input {name}")
+        for index_map in layout.index_maps():
+            sch.transform_layout(reader, name, index_map, pad_value=tvm.tirx.const(0, dtype))
 
 
 def _try_rfactor(sch, lane, factor_axis: int):
