@@ -7,7 +7,9 @@ own per-node profile of the same layers.
 Roller's side: the model is compiled as ``roller compile --no-profile`` does; every distinct PrimFunc of
 the built library is called alone on random arguments of its real shapes (warm caches: its inputs stay in
 L2 between calls, unlike in the model) and timed in rounds (every function once a round, median of the
-rounds); its time in the model is that times its calls.
+rounds); "roller us" is that times its calls. "In the model" is each function's time inside whole runs of
+the model (the Relax VM's instrument around every call), on the caches the model leaves it, as
+onnxruntime's profiled nodes are: compare onnxruntime with that column.
 
 onnxruntime's side: a session with ``enable_profiling`` (same threads as roller, default optimizations)
 runs the model ``--ort-runs`` times, in turns with roller's rounds; each node's median duration is taken
@@ -232,6 +234,30 @@ class OrtProfile:
 # ---------------------------------------------------------------------------------------------
 # The table
 
+def in_model_us(cm, feeds, runs: int, clock) -> dict[str, float]:
+    """Microseconds each of the model's functions takes per run inside the model (all its calls), timed by
+    the Relax VM's instrument around every call: unlike the functions timed alone, on the caches the
+    model leaves them (its weights streamed from L3 or memory), as onnxruntime's profiled nodes are."""
+    vm, spent, start = cm.vm(), defaultdict(float), {}
+
+    def instrument(func, name, before, ret, *args):
+        if before:
+            start[name] = clock()
+        else:
+            spent[name] += clock() - start.pop(name)
+        return 0  # run the call normally
+
+    run = cm.run_fn(feeds)
+    run()  # warm
+    vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            run()
+    finally:
+        vm.set_instrument(None)
+    return {name: t / runs * 1e6 for name, t in spent.items()}
+
+
 def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None, threads: int | None = None) -> dict:
     import roller
     from roller import frontend
@@ -270,6 +296,9 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
         ends = {k: statistics.median(v) for k, v in ends.items()}
     else:
         ends = time_alternately(impls, rounds=rounds, target=0.1, repeats=1)
+    inside = in_model_us(cm, feeds, rounds, time.thread_time if one else time.perf_counter)
+    for f in funcs:
+        f["model_us"] = inside.get(f["name"])
     ort_by_key: dict[tuple, list[dict]] = defaultdict(list)
     for n in nodes:
         if n["key"] is not None:
@@ -304,13 +333,15 @@ def table(res: dict) -> str:
     funcs = sorted(res["functions"], key=lambda f: -f["total_us"])
     total = res["roller_sum_us"] or 1.0
     lines = [f"### {res['model']} (device {res['device']}, {res['threads']} thread(s), load {res['load'][0]:.2f})", "",
-             "| function | rule | calls | roller us/call | roller us | onnxruntime us (nodes) | ort / roller "
-             "| share of roller |", "|---|---|---|---|---|---|---|---|"]
+             "| function | rule | calls | roller us/call | roller us | roller us in the model | onnxruntime us (nodes) "
+             "| ort / roller | ort / roller in the model | share of roller |", "|---|---|---|---|---|---|---|---|---|---|"]
     for f in funcs:
         ort = f"{f['ort_us']:.0f} ({', '.join(f['ort_ops'])})" if f["ort_us"] is not None else "- (no node)"
         ratio = f"{f['ort_us'] / f['total_us']:.2f}" if f["ort_us"] is not None and f["total_us"] else "-"
+        inside = f.get("model_us")
+        ratio_in = f"{f['ort_us'] / inside:.2f}" if f["ort_us"] is not None and inside else "-"
         lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} | {f['total_us']:.0f} | "
-                     f"{ort} | {ratio} | {f['total_us'] / total:.1%} |")
+                     f"{f'{inside:.0f}' if inside is not None else '-'} | {ort} | {ratio} | {ratio_in} | {f['total_us'] / total:.1%} |")
     glue = [f for f in funcs if f["ort_us"] is None]
     lines += ["", f"roller functions with no onnxruntime counterpart (layout transforms, copies, unfused "
                   f"elementwise): {len(glue)} functions, {sum(f['calls'] for f in glue)} calls, "
@@ -321,7 +352,9 @@ def table(res: dict) -> str:
     lines += [f"clock: {res['clock']}" + (f" for roller's functions and both models end to end; onnxruntime's nodes "
                                           f"as profiled (wall; its runs got {res['ort_cpu_share']:.0%} of the core)"
                                           if res["clock"] != "wall" else ""),
-              f"sum of parts: roller {res['roller_sum_us']:.0f} us, onnxruntime {res['ort_sum_us']:.0f} us "
+              f"sum of parts: roller {res['roller_sum_us']:.0f} us alone, "
+              f"{sum(f.get('model_us') or 0 for f in res['functions']):.0f} us in the model, "
+              f"onnxruntime {res['ort_sum_us']:.0f} us "
               f"(profiled run; median of {res['ort_runs']})",
               f"end to end (alternated, median of {res['rounds']}): roller {res['roller_model_us']:.0f} us, "
               f"onnxruntime {res['ort_model_us']:.0f} us, ort / roller {res['ort_model_us'] / res['roller_model_us']:.2f}; "
