@@ -172,7 +172,13 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row.
     ``step`` is the tile the kernel walks the top tile in (the next level's, default the top tile): it
     reads each row of the top tile in runs as wide as that tile's."""
-    step = step or top
+    step = dict(step or top)
+    # consecutive step tiles follow the innermost loop over them (codegen/cpu: spatial loops in axis order,
+    # then reduce loops): along its axis a row continues from one step tile into the next
+    inner = [a.name for a in expr.axes if a.kind != REDUCE] + [a.name for a in expr.axes if a.kind == REDUCE]
+    walked_axis = next((a for a in reversed(inner) if ceil_div(top[a], step[a]) > 1), None)
+    if walked_axis is not None:
+        step[walked_axis] = top[walked_axis]
     tracked = device.units.prefetch_streams
     if not tracked:
         return 0.0

@@ -296,8 +296,12 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
     assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
     assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
-    # the same top tile walked in L1 tiles one pixel wide: the kernel reads each row 384 B at a time
-    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=top(165, 1, 96)) == pytest.approx(5 * expected)
+    # the same top tile walked in L1 tiles one pixel wide and 16 of its 48 channels, channels innermost: the
+    # kernel reads each row 384 B at a time (three L1 tiles over the same pixel, then the next pixel)
+    narrow = dict(top(165, 1, 96), k=16)
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=narrow) == pytest.approx(5 * expected)
+    # walked along the rows (all 48 channels a tile), the next L1 tile continues each row: runs of 1920 B
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=top(165, 1, 96)) == 0
     assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
     assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
 
