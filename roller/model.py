@@ -111,11 +111,13 @@ def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], dev
 
 # Cycles each element load of an input whose zero-padding stage the plan inlines costs (RProgram.inlined):
 # the load sits behind a bounds check on its window position. Fitted on one thread, one A/B process each,
-# the same plan staged and inlined: the ResNet stem (7x7/2 over 3 channels, ~2.4 M broadcast loads) ran
-# 1.8 -> 3.5 ms (~2 cycles a load), a 3x3 conv on 56x56x64 (1.5 M) 1.48 -> 1.85 ms (~0.7). Loads along the
+# the same plan staged and inlined, on the register tiles construction makes now (accumulators as stack
+# arrays, no spilling window values): the ResNet stem (4 x 64 outputs a register tile, 3.2 M broadcast
+# loads) 1489 -> 1731 us, ~0.17 cycles a load at 2.3 GHz; a 3x3 conv on 42x42x84 (3.0 M) 1710 -> 1585, no
+# cost. (Fitted on earlier code, whose checks sat in spilling unrolled loops: ~2 cycles.) Loads along the
 # vector axis share one check per window row, and cost nothing measurable: depthwise convs ran faster
 # inlined (3x3/2 on 112x112x96 760 -> 400 us, 5x5 on 83x83x42 369 -> 292 us), the copy they save dominating.
-INLINE_CHECK_CYCLES = 2.0
+INLINE_CHECK_CYCLES = 0.2
 
 
 def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
