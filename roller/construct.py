@@ -11,7 +11,6 @@ Plans are ranked with roller.model; epsilon (the allowed padding waste) grows on
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -25,7 +24,7 @@ from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
                     exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
                     vector_candidates)
-from .tails import (STACK_ARRAY_BYTES, inline_options, partial_sums, predicated_axes, spills_window, tail_options,
+from .tails import (inline_options, partial_sums, predicated_axes, spills_window, stack_array, tail_options,
                     tiling_extents)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -70,8 +69,10 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
     ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
 
-    Returns up to BRANCH distinct tiles in this order: the greedy end, the greedy ends with one axis held
-    at the seed (least traffic first), the first compute-bound tile on the way, the step before the end.
+    Returns up to BRANCH distinct tiles in this order: the greedy end, at level 0 the largest tile on the
+    way whose accumulators make a stack array (where the greedy end's would not and the next level holds
+    the whole reduction), the greedy ends with one axis held at the seed (least traffic first), the first
+    compute-bound tile on the way, the step before the end.
     ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids steps that would leave fewer spatial
     tiles than that (scale-out needs tiles for every unit). At level 0 a step is refused where the distinct
     values of a window the register tile slides along no longer fit beside its accumulators
@@ -172,7 +173,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     if index == 0 and expr.reduce_axes:
         # the largest register tile on the way whose accumulators make a stack array, where they can live
         # per register tile: the greedy end's would be a workspace buffer (model.WORKSPACE_TILE_CYCLES)
-        stack = [t for t in path if math.prod(expr.output.region(t)) * expr.output.elem_bytes < STACK_ARRAY_BYTES]
+        stack = [t for t in path if stack_array(expr, t)]
         if stack and stack[-1] is not path[-1] and _reduction_fits_above(expr, device, stack[-1], vector_axis):
             picks.insert(1, stack[-1])
     out = []

@@ -33,8 +33,8 @@ from .expr import REDUCE, Expr
 from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, copied_stages, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
-from .tails import (STACK_ARRAY_BYTES, accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes,
-                    scalar_fraction, tail_options, tiling_extents, transposed_elements)
+from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction,
+                    stack_array, tail_options, tiling_extents, transposed_elements)
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ def workspace_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: De
     """Seconds the whole operator (all units) spends on accumulator tiles too large for a stack array
     (see WORKSPACE_TILE_CYCLES); 0 when they fit or there is no reduction."""
     acc = accumulator_tile(expr, tiles, vector_axis, compute_lanes(expr, device))
-    if acc is None or math.prod(expr.output.region(acc)) * expr.output.elem_bytes < STACK_ARRAY_BYTES:
+    if acc is None or stack_array(expr, acc):
         return 0.0
     count = math.prod(ceil_div(a.extent, acc[a.name]) for a in expr.axes if a.kind != REDUCE)
     return count * WORKSPACE_TILE_CYCLES * cycle_seconds(device)

@@ -128,6 +128,11 @@ def partial_sums(expr: Expr, reg: Mapping[str, int], vector_axis: str | None, la
 STACK_ARRAY_BYTES = 1024
 
 
+def stack_array(expr: Expr, tile: Mapping[str, int]) -> bool:
+    """Whether the output tile ``tile`` (spatial extents) is small enough to accumulate in a stack array."""
+    return math.prod(expr.output.region(tile)) * expr.output.elem_bytes < STACK_ARRAY_BYTES
+
+
 def accumulator_tile(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
                      lanes: int) -> dict[str, int] | None:
     """The spatial tile of the output that code generation accumulates in one buffer (its cache_write,
