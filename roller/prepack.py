@@ -11,6 +11,8 @@ constant, with numpy at compile time), so both sides follow one description.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -46,6 +48,14 @@ class PackedLayout:
     def from_dict(cls, d: Mapping) -> "PackedLayout":
         return cls(tuple(d["shape"]), tuple(tuple(t) for t in d["tiles"]), tuple(tuple(o) for o in d["orders"]),
                    int(d.get("row_pad", 0)))
+
+    def block_elements(self) -> int:
+        """Elements stored per top tile: the top tile's, its smallest tiles' rows padded."""
+        n = math.prod(self.tiles[0])
+        if self.row_pad:
+            row = self.tiles[-1][self.orders[-1][-1]]
+            n = n // row * (row + self.row_pad)
+        return n
 
     def index_maps(self) -> list:
         """The ``tvm.tirx.IndexMap`` steps from the buffer's indices to the packed ones: the position of the

@@ -16,6 +16,12 @@ nearest compute first) or ``FIELD=NAME+NAME`` for ``padded``, ``predicated``, ``
 (empty: none), or ``storage_pad=NAME:ELEMENTS+...`` (row padding of the copies; empty: none). ``pred`` is the
 model's prediction for the plan as edited (its tiles, vector axis, padded axes and inlined stages; the model
 derives packing from the tiles itself, so an edited ``packed`` field is not reflected in it).
+
+In a whole model the weights are constants, stored packed in the plan's tiles (``roller.prepack``), and
+other work between calls pushes them out of the caches. ``--constants W`` plans and builds as for a model
+whose input ``W`` is a constant (the kernel takes it prepacked; the model charges no copy), and ``--cold``
+times single calls each after a 64 MB write has flushed the caches, the weights then coming from memory as
+they do inside a model (median of the calls; with ``--cpu-time`` in thread CPU time).
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--cpu-time", action="store_true", help="measure this thread's CPU time (one thread)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--constants", default="", help="inputs that are constants (prepacked), e.g. W")
+    ap.add_argument("--cold", action="store_true", help="flush the caches (64 MB written) before each timed call")
     args = ap.parse_args()
 
     import numpy as np
@@ -72,6 +80,8 @@ def main() -> None:
     from roller.api import analyze
     from roller.codegen import build
     from roller.model import estimate
+    from roller.construct import construct
+    from roller.prepack import program_layouts
     from roller.profile import TOLERANCE
 
     from bench_suite import _pairs
@@ -81,8 +91,15 @@ def main() -> None:
     spec = ops.OPS[args.op].with_options(**_pairs(args.options, "--options", False))
     shape = spec.full_shape(_pairs(args.shape, "shape", True))
     expr, func = analyze(spec.make(shape))
-    ranked = roller.construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1).programs
+    constants = frozenset(filter(None, args.constants.split(",")))
+    unknown = constants - {t.name for t in expr.inputs}
+    if unknown:
+        raise SystemExit(f"--constants {','.join(sorted(unknown))}: not inputs of {expr.name} "
+                         f"(its inputs: {', '.join(t.name for t in expr.inputs)})")
+    ranked = construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1,
+                              constants=constants).programs
     arrays = spec.inputs(shape, "float32", np.random.default_rng(1))
+    names = [b.name for b in func.params][:len(arrays)]
     reference = spec.reference(arrays, shape)
     rtol, atol = TOLERANCE["float32"]
     impls = []
@@ -91,11 +108,13 @@ def main() -> None:
         program = edited(ranked[int(rank)], edits)
         t0 = time.perf_counter()
         kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
-        tensors = [tvm.runtime.tensor(a) for a in arrays]
+        layouts = program_layouts(expr, program, device)
+        tensors = [tvm.runtime.tensor(layouts[n].apply(a) if n in layouts else a) for n, a in zip(names, arrays)]
         tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
         kernel(*tensors)
         np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=text)
-        pred = estimate(expr, program.tiles, device, program.vector_axis, program.padded, program.inlined).seconds
+        pred = estimate(expr, program.tiles, device, program.vector_axis, program.padded, program.inlined,
+                        constants).seconds
         print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred {pred * 1e6:.1f} us; "
               + program.describe().replace("\n", " | "))
         impls.append((text, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
@@ -109,7 +128,16 @@ def main() -> None:
                   if p.name == "torch"]
     clock = time.thread_time if args.cpu_time else time.perf_counter
     times: dict[str, list[float]] = {name: [] for name, _ in impls}
-    for _ in range(args.rounds):
+    if args.cold:
+        flush = np.ones(64 << 20 >> 3)
+        for _ in range(args.rounds):
+            for name, fn in impls:
+                for _ in range(5):
+                    np.add(flush, 1.0, out=flush)
+                    start = clock()
+                    fn()
+                    times[name].append(clock() - start)
+    for _ in range(0 if args.cold else args.rounds):
         for name, fn in impls:
             start, calls = clock(), 0
             while clock() - start < 0.02:  # warm-up, and the number of calls for ~20 ms

@@ -44,12 +44,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet50", help="one of: " + ", ".join(_models()))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prefetch", action="store_true",
+                   help="compare prepacked kernels with and without the prefetch of the next top tile's weights "
+                        "(roller.codegen.prefetch) instead")
     args = p.parse_args(argv)
     import roller
+    from roller.codegen import prefetch
 
     dev = roller.load_device()
     proto = _models()[args.model]()
-    cms = {k: roller.compile_model(proto, dev, name=args.model, cache=False, prepack=k) for k in (True, False)}
+    cms = {}
+    for k in (True, False):
+        prefetch.ENABLED = k or not args.prefetch
+        cms[k] = roller.compile_model(proto, dev, name=args.model, cache=False, prepack=k or args.prefetch)
+    prefetch.ENABLED = True
     funcs = {k: dict((f["name"], (f, call)) for f, call in zip(*roller_functions(cm))) for k, cm in cms.items()}
     reports = {k: {r.name: r for r in cm.report} for k, cm in cms.items()}
     big = np.ones(FLUSH_BYTES // 8)
@@ -57,7 +65,8 @@ def main(argv=None) -> int:
     def flush():
         np.add(big, 1.0, out=big)
 
-    print(f"{args.model}, 1 thread, thread CPU time, medians of {args.rounds} rounds (us): prepacked / packed per call")
+    what = "prefetched / not" if args.prefetch else "prepacked / packed per call"
+    print(f"{args.model}, 1 thread, thread CPU time, medians of {args.rounds} rounds (us): {what}")
     sums = {"hot": [0.0, 0.0], "cold": [0.0, 0.0]}
     for name, (f, call) in funcs[True].items():
         if not reports[True].get(name) or not reports[True][name].prepacked:

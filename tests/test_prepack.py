@@ -192,3 +192,38 @@ def test_constant_params_only_where_every_call_passes_a_constant():
     assert constant_params(mod) == {name: frozenset({params[1]})}
     mixed = module(lambda y: y)  # the second call passes a variable where the first passed a constant
     assert constant_params(mixed) == {name: frozenset()}
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("enabled", [True, False])
+def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled, monkeypatch):
+    """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.codegen.prefetch):
+    the kernel carries the prefetches, outside the register tile's loop, and still matches numpy."""
+    import tvm
+
+    from roller.codegen import prefetch, schedule
+    from roller.prepack import program_layouts
+    from roller.tvmutil import target_for
+
+    monkeypatch.setattr(prefetch, "ENABLED", enabled)
+    shape = dict(N=1, H=7, W=7, C=256, K=512, R=1, S=1)
+    func = ops.get_op("conv2d").make(shape)
+    expr, norm = analyze(func)
+    plan = construct(expr, device, 1, frozenset({"weight"})).programs[0]
+    layout = program_layouts(expr, plan, device)["weight"]
+    assert layout.block_elements() * 4 >= prefetch.MIN_BLOCK_BYTES
+    text = schedule(norm, expr, plan, device).mod.script()
+    assert ("llvm.prefetch" in text) == enabled
+    rng = np.random.default_rng(0)
+    args = [rng.uniform(-1, 1, [int(d) for d in p.shape]).astype(np.float32) for p in norm.params]
+    want = ops.get_op("conv2d").reference(args[:2], shape)
+    ex = tvm.compile(schedule(norm, expr, plan, device).mod, target_for(device))
+    out = tvm.runtime.tensor(np.full(want.shape, np.nan, np.float32))
+    ex["main"](tvm.runtime.tensor(args[0]), tvm.runtime.tensor(layout.apply(args[1])), out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_block_elements_counts_padded_rows():
+    assert PackedLayout((6, 10), ((4, 10),), ((0, 1), (1, 0))).block_elements() == 40
+    # rows of 8 padded by 3 to 11: a 5x8 top tile stores 5 rows of 11
+    assert PackedLayout((5, 12), ((5, 8),), ((0, 1), (0, 1)), row_pad=3).block_elements() == 55

@@ -35,6 +35,7 @@ from ..ops import LANE_RUN
 from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
 from ..tails import rolled_reduce_axes, tiling_extents
+from .prefetch import prefetch_prepacked
 from .schedutil import check_program as _check_program, fuse_axes as _fuse_axes
 from .schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
 from .schedutil import storage_pad as _storage_pad, try_step as _try
@@ -306,6 +307,11 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0])
     if program.prepacked:
         _read_prepacked(sch, block, expr, program, device)
+        from ..prepack import program_layouts
+
+        blocks = {n: layout.block_elements() for n, layout in program_layouts(expr, program, device).items()}
+        sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
+                                 notes)
     return sch
 
 
