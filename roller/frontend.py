@@ -356,6 +356,8 @@ def build_module(mod, target):
     import tvm
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+    from .tvmutil import pass_context
+
     lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="roller.LowerAndFinalize")
@@ -363,7 +365,8 @@ def build_module(mod, target):
         with target:
             return lower(m)
 
-    return tvm.compile(mod, target, relax_pipeline=_pipeline)
+    with pass_context(target):
+        return tvm.compile(mod, target, relax_pipeline=_pipeline)
 
 
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,

@@ -46,9 +46,11 @@ def _compile(func, device: Device, path: str) -> None:
     """Compiles one PrimFunc (scheduled or not) into the library ``path``."""
     import tvm
 
-    from .tvmutil import target_for
+    from .tvmutil import pass_context, target_for
 
-    tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target_for(device)).export_library(path)
+    target = target_for(device)
+    with pass_context(target):
+        tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target).export_library(path)
 
 
 def _register(key: str, module) -> str:

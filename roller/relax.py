@@ -564,7 +564,7 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
 
     from .frontend import random_arrays
     from .profile import TOLERANCE
-    from .tvmutil import target_for
+    from .tvmutil import pass_context, target_for
 
     params = list(func.params)
     if not all(isinstance(getattr(p, "ty", None), tirx.buffer.BufferType)
@@ -580,7 +580,8 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
     results = []
     for f, given in ((func, arrays), (scheduled, packed)):
         try:
-            ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
+            with pass_context(target):
+                ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
         except _schedule_errors() as e:
             return f"does not build: {_first_line(e)}"
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in given]

@@ -37,3 +37,30 @@ def target_for(device: Device):
         return tvm.target.Target(spec)
     host = spec.pop("host", {"kind": "llvm"})
     return tvm.target.Target(spec, host=host)
+
+
+# TVM's TIR common-subexpression elimination is off for CPU builds. It binds index sums that hold the
+# parallel loop's variable (``h_0 * 28672 + w_0 * 512 + ...``) to int32 lets and addresses every row of a
+# register tile as that let plus a constant (``cse_v10 + 3552``, ``+ 7136``, ...). LLVM cannot prove those
+# int32 additions do not overflow (the parallel variable has no known lower bound), so it sign-extends
+# each row's index on its own (vectorized: broadcast, add, shift, extract per row, beside the FMAs)
+# instead of folding the offsets into the loads' displacements; LLVM's own CSE does the rest without that.
+# Measured, 2 threads, one process, the same plan alternating with and without: depthwise 3x3 on
+# 112x112x32 with a register tile of 8 rows x 1 pixel 48-52 -> 35-40 us (the 1 row x 8 pixels tile the
+# model ties it with ran 35 either way); every other suite case's first plan within noise, compile time
+# unchanged.
+CPU_PASS_CONFIG = {"tirx.disable_cse_tir": True}
+
+
+def pass_context(target):
+    """The PassContext to compile for ``target`` in: the current one, with CPU_PASS_CONFIG added for an
+    llvm target (an option the caller set stays as set)."""
+    import tvm
+
+    current = tvm.transform.PassContext.current()
+    if target.kind.name != "llvm":
+        return current
+    config = {**CPU_PASS_CONFIG, **dict(current.config)}
+    return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
+                                     disabled_pass=current.disabled_pass, instruments=current.instruments,
+                                     config=config)

@@ -45,8 +45,10 @@ def build(func, expr: Expr, program: RProgram, device: Device, notes: list[str] 
     """
     import tvm
 
-    from ..tvmutil import set_threads, target_for
+    from ..tvmutil import pass_context, set_threads, target_for
 
     set_threads(device.units.count)
     sch = schedule(func, expr, program, device, notes)
-    return tvm.compile(sch.mod, target_for(device))
+    target = target_for(device)
+    with pass_context(target):
+        return tvm.compile(sch.mod, target)
