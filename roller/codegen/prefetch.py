@@ -6,10 +6,9 @@ walks a block of weights once at a high rate, then reuses it from cache, and the
 4 KiB page. A prepacked input (``roller.prepack``) stores each top tile as one block, in the order the
 kernel walks them, so the block the next iteration of the parallel grid loop reads is known: while a top
 tile computes, its loops issue ``prefetch`` (to L2) for that block, a few cache lines an iteration, spread
-evenly over the tile. Measured (``scripts/prepack_ab.py --prefetch``, one thread, thread CPU time): ResNet-50's
-prepacked functions with their weights flushed from the caches before each call 64.7 -> 61.0 ms summed
-over the calls, 53.4 -> 53.8 with them in cache, the whole model 63.2 -> 60.6 ms; MobileNetV2 6.16 -> 5.96 ms;
-BERT's matmuls 169.6 -> 160.0 ms flushed, 151.6 -> 145.8 warm, the whole model unchanged (176 ms).
+evenly over the tile. Whole models, prefetch off / on, two threads, wall time, one process alternating
+(2026-11-25, load ~1.2): ResNet-50 32.09 / 30.85 ms, BERT 90.6 / 81.5 ms, MobileNetV2 3.46 / 3.48 ms (its
+14 MB of weights stay in cache); GPT-2 decode has no kernel it applies to (its GEMVs read each weight once).
 
 This edits the scheduled function (the schedule primitives have no prefetch), so it runs last and
 returns a new ``tvm.s_tir.Schedule`` of the edited module.
@@ -23,6 +22,7 @@ LINE_BYTES = 64      # a cache line
 LOCALITY = 2         # llvm.prefetch locality 2: prefetcht1, into L2 (a top tile's block outgrows L1)
 MAX_LINES_PER_ITERATION = 4  # lines prefetched an iteration of the loop that carries them, where loops allow
 MIN_BLOCK_BYTES = 4096       # smaller blocks (a bias) stream within a page; the prefetchers keep up
+MIN_CARRIER_POINTS = 4096    # block iterations (points, lanes counted) an iteration of a carrying loop runs, at least
 ENABLED = True               # False: no prefetches (for A/B timing: scripts/prepack_ab.py --prefetch)
 
 
@@ -112,13 +112,18 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
     # it only competes for the bandwidth (GPT-2's GEMVs ran 8-40% slower).
     if all(not _is_zero(simplify(flat(stepped(lp)) - flat(iteration))) for lp in walked):
         return None
-    # The loops that carry the prefetches: above the innermost run of reduction loops, across which
-    # the register tile's accumulators live in registers (a prefetch inside a matmul's reduction loop
-    # ran it 2.4x slower, inside a 1x1 convolution's its warm runs a fifth slower).
-    reduce = [i for i, iv in enumerate(realize.block.iter_vars) if int(iv.iter_type) == int(tirx.IterVar.CommReduce)]
-    carriers = list(walked)
-    while carriers and any(not _is_zero(simplify(stepped(carriers[-1])[i] - iteration[i])) for i in reduce):
-        carriers.pop()
+    # The loops that carry the prefetches: any but the innermost, each of whose iterations runs at least
+    # MIN_CARRIER_POINTS of the block's iterations, so that the prefetches' own instructions (an address,
+    # a bound) stay few beside the compute. In the loop right above the register tile they ran a matmul
+    # 2.4x slower; in one whose iterations ran 56 vector FMAs, a 1x1 convolution 16% slower. Kept out of
+    # every reduction loop instead, they came in bursts too long for the misses in flight (a 3x3
+    # convolution on 7x7x512: 83 lines every 4000 FMAs; weights from memory 1146 -> 1181 us, where
+    # spread into its reduction loops 959 us).
+    def points(lp):
+        at_lp = next(i for i, x in enumerate(loops) if x.same_as(lp))
+        return math.prod(int(x.extent) for x in loops[at_lp + 1:])
+
+    carriers = [lp for lp in walked[:-1] if points(lp) >= MIN_CARRIER_POINTS]
     if not carriers:
         return None
     lines = math.ceil(block_elems * elem / LINE_BYTES)
