@@ -9,6 +9,8 @@ rule chain, compiles it alone into a library and publishes it (one compile per k
 processes and, through Redis, machines). The Relax module then calls each cached library by name
 (``call_tir`` becomes ``call_dps_packed`` of a global function registered in this process), so that a
 second process compiling the same model loads the libraries and compiles only the Relax part.
+Functions go through two worker threads: one schedules (Python, one at a time: the rule chain keeps
+state) while the other compiles the function before (LLVM and the linker release the GIL).
 
 Such an executable depends on those registrations: :meth:`roller.frontend.CompiledModel.export` compiles
 the scheduled functions into one self-contained library instead (``CompiledModel.module``).
@@ -19,6 +21,7 @@ import os
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .device import Device
@@ -28,6 +31,7 @@ REPORT_KIND = "relax_function"
 
 _REGISTERED: set[str] = set()
 _REGISTER_LOCK = threading.Lock()
+WORKERS = 2  # functions in flight: one scheduling, one compiling
 
 
 def function_key(func, device: Device, verify: bool, constants: frozenset[str] = frozenset()) -> tuple[str, dict]:
@@ -65,10 +69,11 @@ def _register(key: str, module) -> str:
     return name
 
 
-def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[str]) -> tuple[str, Any, Any, Any]:
+def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[str],
+            scheduling: threading.Lock) -> tuple[str, Any, Any, Any]:
     """(cache key, loaded library, scheduled PrimFunc or None, FunctionReport) of one fused function whose
-    parameters ``constants`` are constants at every call, from the cache, or scheduled, compiled and
-    published; the report's ``cache`` is hit or miss."""
+    parameters ``constants`` are constants at every call, from the cache, or scheduled (holding
+    ``scheduling``), compiled and published; the report's ``cache`` is hit or miss."""
     import tvm
 
     from . import cache as kcache
@@ -80,8 +85,9 @@ def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[
     built: list[KernelLibrary] = []
 
     def build():
-        t0 = time.perf_counter()
-        scheduled, rep = sched.schedule_function(name, func, constants)
+        with scheduling:
+            t0 = time.perf_counter()
+            scheduled, rep = sched.schedule_function(name, func, constants)
         folder = tempfile.mkdtemp(prefix="function-", dir=build_root())
         built.append(KernelLibrary(path=os.path.join(folder, "kernel.so"), folder=folder))
         _compile(scheduled if scheduled is not None else func, device, built[-1].path)
@@ -125,16 +131,23 @@ def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool 
     constants = constant_params(mod) if prepack else {}
     symbols: dict = {}  # function name -> the registered name its calls use
     reports = []
-    for gv, func in sorted(((gv, f) for gv, f in mod.functions_items()
-                            if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint):
+    scheduling = threading.Lock()
+    funcs = sorted(((gv, f) for gv, f in mod.functions_items()
+                    if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint)
+
+    def one(item):
+        gv, func = item
         t0 = time.perf_counter()
-        key, module, scheduled, rep = _kernel(sched, gv.name_hint, func, device, store,
-                                              constants.get(gv.name_hint, frozenset()))
-        rep.seconds = time.perf_counter() - t0
-        reports.append(rep)
-        if scheduled is not None:
-            standalone[gv] = scheduled.with_attr(SCHEDULED_ATTR, True)
-        symbols[gv.name_hint] = _register(key, module)
+        out = _kernel(sched, gv.name_hint, func, device, store, constants.get(gv.name_hint, frozenset()), scheduling)
+        out[3].seconds = time.perf_counter() - t0
+        return out
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        for (gv, _), (key, module, scheduled, rep) in zip(funcs, pool.map(one, funcs)):
+            reports.append(rep)
+            if scheduled is not None:
+                standalone[gv] = scheduled.with_attr(SCHEDULED_ATTR, True)
+            symbols[gv.name_hint] = _register(key, module)
     standalone = prepack_constants(standalone, reports)
     calls = _by_name(standalone, symbols)
     t = time.perf_counter()
