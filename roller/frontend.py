@@ -386,7 +386,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
     function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
     With ``prepack`` (the default) the constants (weights) a roller kernel reads are packed once, here, in
-    its plan's tiles, and the kernel reads them packed (:mod:`roller.prepack`); profiled plans do not prepack.
+    its plan's tiles, and the kernel reads them packed (:mod:`roller.prepack`), profiled plans too.
 
     Without ``profile`` and with ``cache`` (the default) every fused function comes from the persistent
     kernel cache, or is scheduled, compiled alone and stored there (:mod:`roller.model_cache`): a second

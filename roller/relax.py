@@ -159,13 +159,20 @@ class RollerRule(Rule):
         self.notes = tuple(notes)
         return sch, ""
 
-    def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD):
+    def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD,
+                 constants: frozenset[str] = frozenset()):
         """(Schedule or None, what happened): the plans among the model's top ``topk`` predicted within
         ``spread`` times the first plan's time are built, checked against TVM's unscheduled build and timed
         in worker processes (:func:`roller.api.build`, through the kernel cache), and the fastest is
-        scheduled. None (the first plan stays) when fewer than two plans are that close."""
+        scheduled, taking the ``constants`` it can packed (timed with their packing in the kernel: the
+        tiles it chose are what profiling decides). None (the first plan stays) when fewer than two plans
+        are that close."""
+        import dataclasses
+
         from .api import analyze, build
         from .construct import construct
+        from .prepack import prepackable
+        from .rtile import compute_lanes
 
         self.plan, self.notes, self.prepacked = None, (), {}
         expr, norm = analyze(func)
@@ -181,7 +188,11 @@ class RollerRule(Rule):
             return None, f"not profiled: {_first_line(e)}"
         measured = [c["measured_seconds"] for c in result.report["candidates"]]
         chosen = result.report["chosen"]
-        sch, why = self._schedule(norm, expr, result.program, device)
+        program = result.program
+        if constants:
+            program = dataclasses.replace(program, prepacked=prepackable(
+                expr, program.tiles, program.vector_axis, compute_lanes(expr, device), program.padded, constants))
+        sch, why = self._schedule(norm, expr, program, device)
         if sch is None:
             return None, f"profiled plan not scheduled: {why}"
         base = f"{measured[0] * 1e6:.3g} us" if measured[0] else "failed"
@@ -401,6 +412,7 @@ class ScheduleModule:
                 share[r.reused] += share.pop(r.name, 0.0)
         total = sum(share.values()) or 1.0
         rule = next((r for r in self.rules if isinstance(r, RollerRule)), RollerRule())
+        constants = constant_params(mod) if self.prepack else {}
         t0 = time.perf_counter()
         for name in sorted(share, key=lambda n: -share[n]):
             rep = next(r for r in self.report if r.name == name)
@@ -415,8 +427,13 @@ class ScheduleModule:
                 rep.profiled = f"not profiled: the profiling budget ({self.profile_budget:g} s) was spent"
                 continue
             t = time.perf_counter()
-            sch, rep.profiled = rule.profiled(originals[by_name[name]], self.device, self.topk)
+            sch, rep.profiled = rule.profiled(originals[by_name[name]], self.device, self.topk,
+                                              constants=constants.get(name, frozenset()))
             rep.seconds += time.perf_counter() - t
+            if sch is not None and self.verify:
+                why = check_schedule(originals[by_name[name]], sch.mod["main"], self.device, prepacked=rule.prepacked)
+                if why:
+                    sch, rep.profiled = None, f"profiled plan failed the check ({why}): the first plan stays"
             if sch is None:
                 continue
             scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)

@@ -372,6 +372,8 @@ def test_profiled_plan_is_used_and_correct(device):
     (out,) = cm.run({"x": x})
     np.testing.assert_allclose(out, x @ w.astype(np.float32), rtol=1e-4, atol=1e-4)
     assert [r.scheduled_by for r in cm.report] == ["roller"]
+    (rep,) = cm.report
+    assert rep.profiled.startswith("top-") and rep.prepacked, rep  # the profiled plan takes its weight packed
 
 
 # ---------------------------------------------------------------------------------------------
