@@ -97,7 +97,7 @@ def main() -> None:
         raise SystemExit(f"--constants {','.join(sorted(unknown))}: not inputs of {expr.name} "
                          f"(its inputs: {', '.join(t.name for t in expr.inputs)})")
     ranked = construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1,
-                              constants=constants).programs
+                       constants=constants).programs
     arrays = spec.inputs(shape, "float32", np.random.default_rng(1))
     names = [b.name for b in func.params][:len(arrays)]
     reference = spec.reference(arrays, shape)

@@ -7,6 +7,8 @@ plans otherwise unless the model's ranking changed; the report says which functi
 in this thread's CPU time, the two alternating: every function that takes a constant packed, alone with
 its arguments in the caches ("hot") and after a 64 MB write flushed them ("cold": a weight read from
 memory, as in a whole model too large for the caches), and the whole model. Medians of ``--rounds``.
+With ``--prefetch`` both builds prepack, and they differ in the prefetch of each prepacked weight's next
+top-tile block (``roller.codegen.prefetch``): with it / without it.
 """
 from __future__ import annotations
 
