@@ -65,7 +65,7 @@ def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loop
         return sch
     carrier = stmts[0][0]
     body = tvm.tirx.SeqStmt([s for c, s in stmts if c.same_as(carrier)] + [carrier.body])
-    new = _replace_body(func.body, carrier, body)
+    new = _rebuilt(path, next(i for i, x in enumerate(path) if x.same_as(carrier)), body)
     if new is None:
         notes.append("prefetch of the prepacked inputs not inserted: unexpected statement on the loop path")
         return sch
@@ -206,45 +206,26 @@ def _children(stmt):
     return []
 
 
-def _replace_body(stmt, loop, body):
-    """``stmt`` with ``loop``'s body replaced by ``body`` (the nodes on the way rebuilt), or None when the
-    way holds a statement this does not rebuild."""
+def _rebuilt(path, index: int, body):
+    """The first statement of ``path`` (statements from the root down) with the loop ``path[index]`` given
+    ``body`` and every statement above it rebuilt around its new child; None when one of them is of a
+    kind this does not rebuild."""
     from tvm import s_tir, tirx
 
-    if stmt.same_as(loop):
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
-                        loop.annotations, loop.step, loop.span)
-    if isinstance(stmt, s_tir.SBlockRealize):
-        b = stmt.block
-        inner = _replace_body(b.body, loop, body)
-        if inner is None:
+    lp = path[index]
+    node = tirx.For(lp.loop_var, lp.min, lp.extent, lp.kind, body, lp.thread_binding, lp.annotations, lp.step,
+                    lp.span)
+    for stmt, old in zip(reversed(path[:index]), reversed(path[1:index + 1])):
+        if isinstance(stmt, tirx.For):
+            node = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, node, stmt.thread_binding,
+                            stmt.annotations, stmt.step, stmt.span)
+        elif isinstance(stmt, tirx.SeqStmt):
+            node = tirx.SeqStmt([node if c.same_as(old) else c for c in stmt.seq])
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            b = stmt.block
+            node = s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, s_tir.SBlock(
+                list(b.iter_vars), list(b.reads), list(b.writes), b.name_hint, node, b.init, list(b.alloc_buffers),
+                list(b.match_buffers), b.annotations))
+        else:
             return None
-        nb = s_tir.SBlock(list(b.iter_vars), list(b.reads), list(b.writes), b.name_hint, inner, b.init,
-                          list(b.alloc_buffers), list(b.match_buffers), b.annotations)
-        return s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, nb)
-    if isinstance(stmt, tirx.SeqStmt):
-        seq = list(stmt.seq)
-        for i, child in enumerate(seq):
-            if _contains(child, loop):
-                new = _replace_body(child, loop, body)
-                if new is None:
-                    return None
-                seq[i] = new
-                return tirx.SeqStmt(seq)
-        return None
-    if isinstance(stmt, tirx.For):
-        inner = _replace_body(stmt.body, loop, body)
-        return None if inner is None else tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, inner,
-                                                   stmt.thread_binding, stmt.annotations, stmt.step, stmt.span)
-    return None
-
-
-def _contains(stmt, target) -> bool:
-    """Whether ``target`` is ``stmt`` or below it."""
-    import tvm
-
-    if stmt.same_as(target):
-        return True
-    if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        return _contains(stmt.block.body, target)
-    return any(_contains(c, target) for c in _children(stmt))
+    return node
