@@ -306,26 +306,25 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         # the write-back's own loops start below the accumulator's loop: its init goes above them all
         sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0])
     if program.prepacked:
-        _read_prepacked(sch, block, expr, program, device)
-        from ..prepack import program_layouts
-
-        blocks = {n: layout.block_elements() for n, layout in program_layouts(expr, program, device).items()}
+        layouts = _read_prepacked(sch, block, expr, program, device)
+        blocks = {n: layout.block_elements() for n, layout in layouts.items()}
         sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
                                  notes)
     return sch
 
 
-def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -> None:
+def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -> dict:
     """The parameters of the inputs the plan prepacks take their packed layout (``roller.prepack``): the
     main block reads them in place, and the function's signature changes to the packed shapes (padding,
-    which the caller fills with zeros, becomes an assumption)."""
+    which the caller fills with zeros, becomes an assumption). Returns the layouts (name -> PackedLayout)."""
     import tvm
 
     from ..prepack import program_layouts
 
     from tvm.s_tir.dlight.analysis import get_root_block
 
-    for name, layout in program_layouts(expr, program, device).items():
+    layouts = program_layouts(expr, program, device)
+    for name, layout in layouts.items():
         dtype = next(t.dtype for t in expr.inputs if t.name == name)
         # the main block, or the write-back an epilogue's input (a bias) was inlined into
         reader = next((b for b in [block] + list(sch.get_child_blocks(get_root_block(sch)))
@@ -334,6 +333,7 @@ def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -
             raise BuildError(f"{expr.name}: no block reads the prepacked input {name}")
         for index_map in layout.index_maps():
             sch.transform_layout(reader, name, index_map, pad_value=tvm.tirx.const(0, dtype))
+    return layouts
 
 
 def _try_rfactor(sch, lane, factor_axis: int):
