@@ -356,7 +356,7 @@ def build_module(mod, target):
     import tvm
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-    from .tvmutil import pass_context
+    from .tvmutil import compile_for
 
     lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
 
@@ -365,8 +365,7 @@ def build_module(mod, target):
         with target:
             return lower(m)
 
-    with pass_context(target):
-        return tvm.compile(mod, target, relax_pipeline=_pipeline)
+    return compile_for(mod, target, relax_pipeline=_pipeline)
 
 
 def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,

@@ -50,11 +50,9 @@ def _compile(func, device: Device, path: str) -> None:
     """Compiles one PrimFunc (scheduled or not) into the library ``path``."""
     import tvm
 
-    from .tvmutil import pass_context, target_for
+    from .tvmutil import compile_for, target_for
 
-    target = target_for(device)
-    with pass_context(target):
-        tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target).export_library(path)
+    compile_for(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target_for(device)).export_library(path)
 
 
 def _register(key: str, module) -> str:

@@ -581,7 +581,7 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
 
     from .frontend import random_arrays
     from .profile import TOLERANCE
-    from .tvmutil import pass_context, target_for
+    from .tvmutil import compile_for, target_for
 
     params = list(func.params)
     if not all(isinstance(getattr(p, "ty", None), tirx.buffer.BufferType)
@@ -597,8 +597,7 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
     results = []
     for f, given in ((func, arrays), (scheduled, packed)):
         try:
-            with pass_context(target):
-                ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
+            ex = compile_for(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target)
         except _schedule_errors() as e:
             return f"does not build: {_first_line(e)}"
         bufs = [tvm.runtime.tensor(a.copy(), dev) for a in given]

@@ -64,3 +64,13 @@ def pass_context(target):
     return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
                                      disabled_pass=current.disabled_pass, instruments=current.instruments,
                                      config=config)
+
+
+def compile_for(mod, target, **kwargs):
+    """``tvm.compile(mod, target, **kwargs)`` in :func:`pass_context`: roller's kernels and modules are
+    built through here, so that none misses the CPU pass configuration (the GPU builds and the dynamic-shape
+    padding probes, whose unscheduled kernels it does not concern, call ``tvm.compile`` themselves)."""
+    import tvm
+
+    with pass_context(target):
+        return tvm.compile(mod, target, **kwargs)

@@ -43,12 +43,8 @@ def build(func, expr: Expr, program: RProgram, device: Device, notes: list[str] 
 
     Also sets TVM's thread count to the device's cores (before the runtime's pool starts).
     """
-    import tvm
-
-    from ..tvmutil import pass_context, set_threads, target_for
+    from ..tvmutil import compile_for, set_threads, target_for
 
     set_threads(device.units.count)
     sch = schedule(func, expr, program, device, notes)
-    target = target_for(device)
-    with pass_context(target):
-        return tvm.compile(sch.mod, target)
+    return compile_for(sch.mod, target_for(device))
