@@ -163,8 +163,10 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
 # A run is what the kernel reads of a row before it moves to the next: the width of the tile it walks the
 # top tile in, not the top tile's (MobileNetV2's 1x1 conv 112x112x16 -> 96 in 56 x 28 top tiles walked in
 # L1 tiles one pixel wide, 64 B a row, ran 615 us; walked along the rows 396, PyTorch 351; one thread).
+# Runs of 1-2 KiB still lose lines before the prefetcher catches up: NASNet's 1x1 conv on 165x165x96 -> 42
+# in top tiles of 55 rows x 5 pixels (1920 B runs) ran 2249 us against 2027 in whole rows (one thread).
 UNTRACKED_LINE_CYCLES = 46
-PREFETCH_RUN_BYTES = 1024
+PREFETCH_RUN_BYTES = 2048
 PAGE_BYTES = 4096
 
 

@@ -295,13 +295,15 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     expected = lines * (1 - 32 / 165) * UNTRACKED_LINE_CYCLES * cycle_seconds(dev)
     assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
     assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
-    assert untracked_stream_seconds(e, top(165, 5, 96), dev) == 0  # runs of 1920 B: picked up within one
+    assert untracked_stream_seconds(e, top(165, 11, 96), dev) == 0  # runs of 4224 B: picked up within one
+    # runs of 1920 B still lose lines (measured: model.PREFETCH_RUN_BYTES)
+    assert untracked_stream_seconds(e, top(165, 5, 96), dev) == pytest.approx(5 * expected)
     # the same top tile walked in L1 tiles one pixel wide and 16 of its 48 channels, channels innermost: the
     # kernel reads each row 384 B at a time (three L1 tiles over the same pixel, then the next pixel)
     narrow = dict(top(165, 1, 96), k=16)
-    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=narrow) == pytest.approx(5 * expected)
-    # walked along the rows (all 48 channels a tile), the next L1 tile continues each row: runs of 1920 B
-    assert untracked_stream_seconds(e, top(165, 5, 96), dev, step=top(165, 1, 96)) == 0
+    assert untracked_stream_seconds(e, top(165, 11, 96), dev, step=narrow) == pytest.approx(11 * expected)
+    # walked along the rows (all 48 channels a tile), the next L1 tile continues each row: runs of 4224 B
+    assert untracked_stream_seconds(e, top(165, 11, 96), dev, step=top(165, 1, 96)) == 0
     assert untracked_stream_seconds(e, top(165, 1, 96), dev, staged=("X",)) == 0  # a copy reads row by row
     assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
 
@@ -375,3 +377,26 @@ def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
     # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
     assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
         e, [reg, t(28, 1, 64, 32), top], DEV, "k").seconds
+
+
+def test_construction_offers_two_vector_register_tiles_and_reduction_chunks_of_one_register_tile():
+    """The growths reach register tiles one vector or four wide; a two-vector tile over many pixels (7 x 2
+    vectors on a 14x14x256 -> 1024 1x1 conv: 607 us against 715 for 2 x 2 x 4, one thread) is offered too,
+    as is an L1 tile that holds one register tile and a chunk of its reduction, and the model ranks that
+    pair first for this conv."""
+    from roller.construct import scale_up
+    from roller.device import load_device
+    from roller.tails import stack_array
+
+    dev = load_device("x86-avx512", calibrated=False)
+    e = conv2d_nhwc(1, 14, 14, 256, 1024, 1, 1)
+    lanes = compute_lanes(e, dev)
+    regs = scale_up(e, dev, 0, [], 0.0, vector_axis="k")
+    two = [t for t in regs if t["k"] == 2 * lanes and t["h"] * t["w"] > 2]
+    assert two and all(stack_array(e, t) for t in two), regs
+    l1 = scale_up(e, dev, 1, [two[0]], 0.0, vector_axis="k")
+    spatial = [a.name for a in e.spatial_axes]
+    assert any(all(t[a] == two[0][a] for a in spatial) and t["c"] > 1 for t in l1), l1
+    first = construct(e, dev, topk=1).programs[0]
+    assert first.tiles[0]["k"] == 2 * lanes and first.tiles[0]["h"] * first.tiles[0]["w"] == 7
+    assert all(first.tiles[1][a] == first.tiles[0][a] for a in spatial)
