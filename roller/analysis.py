@@ -97,11 +97,25 @@ def analyze(func, name: str | None = None) -> Analysis:
     padding = {w.source.name for p in producers for w in sch.get(blocks[p]).writes
                if not _gathers(sch.get(blocks[p])) and not sch.get_producers(blocks[p])}
     expr = replace(expr, staged=tuple(t.name for t in expr.inputs if t.name in staged),
-                   inlinable=tuple(t.name for t in expr.inputs if t.name in padding))
+                   inlinable=tuple(t.name for t in expr.inputs if t.name in padding),
+                   repeats=_repeats(sch, blocks, producers, {t.name for t in expr.inputs}))
     ivs = sch.get(blocks[main_name]).iter_vars
     return Analysis(expr=expr, func=sch.mod["main"], epilogue_block=epilogue, accumulator=accumulator,
                     producer_blocks=producers, inlined=inlined,
                     iter_vars=tuple((a.name, str(iv.var.name)) for a, iv in zip(expr.axes, ivs)))
+
+
+def _repeats(sch, blocks: dict, producers: tuple[str, ...], inputs: set[str]) -> tuple[tuple[str, int], ...]:
+    """(input, repeat) for the kept producers annotated with ``roller.ops.LANE_RUN``: each element they read
+    is written that many times (a grouped convolution's group_rep)."""
+    from .ops import LANE_RUN
+
+    out = []
+    for p in producers:
+        block = sch.get(blocks[p])
+        run = int(block.annotations.get(LANE_RUN, 1))
+        out += [(w.source.name, run) for w in block.writes if run > 1 and w.source.name in inputs]
+    return tuple(out)
 
 
 def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: tuple[str, ...], ctx: str,

@@ -87,6 +87,10 @@ class Expr:
     # staged inputs whose stage is zero padding only (no layout gather): a plan may inline it into the main
     # block instead (RProgram.inlined), reading the tensor directly behind a bounds check
     inlinable: tuple[str, ...] = field(default=())
+    # staged inputs whose stage repeats each element it reads over this many consecutive elements it writes
+    # (a grouped convolution's group_rep: one input channel for the K/groups output channels of its group):
+    # the stage reads 1/repeat of the bytes it writes; filled by roller.analysis
+    repeats: tuple[tuple[str, int], ...] = field(default=())
 
     def __post_init__(self):
         names = [a.name for a in self.axes]
@@ -102,6 +106,10 @@ class Expr:
             if len(t.index) != len(t.shape):
                 raise UnsupportedExpressionError(f"{self.name}: tensor {t.name} has {len(t.shape)} dims but "
                                                  f"{len(t.index)} indices")
+
+    def repeat(self, name: str) -> int:
+        """How many elements input ``name``'s stage writes per element it reads (1: a plain copy or none)."""
+        return dict(self.repeats).get(name, 1)
 
     @property
     def tensors(self) -> tuple[TensorAccess, ...]:

@@ -19,8 +19,10 @@ predicated vector loops at scalar speed, a register tile with too few accumulato
 reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
 plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
 top level (the calibrated small-transfer efficiency, ``short_row_bytes``), the misses of inputs read
-on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES), and the accumulators
-a plan that splits its reduction moves through memory between the chunks (ACCUMULATOR_CYCLES).
+on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES), the accumulators
+a plan that splits its reduction moves through memory between the chunks (ACCUMULATOR_CYCLES), and the
+copies a repeating stage (a grouped convolution's group_rep) writes, at their element rate
+(REPLICATE_CYCLES) rather than as traffic from below.
 """
 from __future__ import annotations
 
@@ -227,6 +229,32 @@ def workspace_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: De
     return count * WORKSPACE_TILE_CYCLES * cycle_seconds(device)
 
 
+def repeated_fill_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules) -> float:
+    """Bytes of the top level's fill (``rtile.traffic``) that inputs written by a repeating stage
+    (``Expr.repeats``) do not bring from below: the stage reads 1/repeat of the region it writes per top
+    tile, the rest are copies it makes in the cache (charged by :func:`replicate_seconds`)."""
+    total = tile_counts(expr, top)[0]
+    return sum(tensor_footprint(t, top, rules, moved=True) * total * (1.0 - 1.0 / expr.repeat(t.name))
+               for t in expr.inputs if expr.repeat(t.name) > 1)
+
+
+# Cycles each element a repeating stage writes costs (Expr.repeats: a grouped convolution's group_rep, each
+# input channel copied for the K/groups output channels of its group), serial with the tile's compute: it
+# runs in vectors of runs of one broadcast load each (ops.LANE_RUN), before the tile's compute. Fitted on
+# one thread, cpu time, first plans, 3x3 pad 1 (time beyond the compute at peak over the elements the
+# stage writes): 56x56x128 in 32 groups of 4, 512 us (0.39 cycles an element at 2.3 GHz); 28x28x64 in
+# 16 groups of 4, 53 us (0.34); 14x14x256 in 64 of 4, 81 us (0.54); 28x28x64 in 32 of 2, 32 us (0.44).
+# Before, the model charged all of group_rep's bytes as traffic from below (4x the input's) and none of
+# this: 450 us predicted on 2 cores for the first, 237-250 measured (2 threads), 13 for the others.
+REPLICATE_CYCLES = 0.4
+
+
+def replicate_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> float:
+    """Seconds the repeating stages of one top tile take to write their copies (see REPLICATE_CYCLES)."""
+    elements = sum(math.prod(t.region(top)) for t in expr.inputs if expr.repeat(t.name) > 1)
+    return elements * REPLICATE_CYCLES * cycle_seconds(device)
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -403,18 +431,22 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, accumulator_parent(expr, tiles, i, vector_axis))
         if i == len(levels) - 1:
-            q += copies + short_row_bytes(expr, tile, rules, device)
+            q += copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
         below = levels[i + 1] if i + 1 < len(levels) else source
         bw = below.bandwidth_gbps
         if below.shared:
             bw = min(bw, below.total_bandwidth_gbps / units)
         mem[lv.name] = q / (bw * 1e9)
         traf[lv.name] = q
-    staged = tuple(packed) + copied_stages(expr, inlined)
+    # inputs the kernel reads from a copy made per top tile: packed ones, and every producer stage the plan
+    # does not inline (padding, and group_rep, which is never inlined: charged before as strided streams,
+    # 287 us of untracked lines for a plan of a grouped conv on 14x14x256 in 64 groups that ran 71.5 us)
+    staged = tuple(packed) + tuple(n for n in expr.staged if n not in inlined)
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
              * total / spatial
              + transpose_seconds(expr, tiles[-1], device, prepacked) * total / spatial
+             + replicate_seconds(expr, tiles[-1], device) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)

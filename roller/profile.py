@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import select
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -39,6 +40,16 @@ TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in
 REPEATS = 3
 FINALISTS = 3      # candidates re-timed with REPEATS repeats after a one-repeat screen of all
 FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the best
+# Buffer placements every timed repeat spreads its calls over (placed_copies): a kernel's speed can depend on
+# where its tensors sit relative to each other within a page (loads and stores 4 KiB apart alias in the L1
+# and the store buffer). Measured, 2 threads, one process: depthwise 3x3 dilation 2 on 28x28x256, its first
+# plan (channels split over the cores) ran 20 us with the output 512 B (mod 1 KiB) past the input's page
+# offset and 30-41 us at 0, 64, 256, 768, ...; the third plan 22-31 us. Timed on the one placement the
+# profile's buffers had, the first plan won at 20 us and then ran 40.4 us on the suite's buffers.
+PLACEMENTS = 4
+PLACEMENT_BYTES = 256 << 20  # at most this many bytes of copies: fewer placements for large operators
+PAGE_BYTES = 4096
+PLACEMENT_ALIGN = 64  # the kernels' buffers are 64-byte aligned; offsets step by that
 # Seconds of building after which candidates not yet started are skipped (the model's first is always
 # built): a few plans with long partitioned, unrolled tails compile for 10-15 s each (depthwise 5x5 on
 # 83x83x42), and a JIT user wants a kernel in seconds more than the tenth-ranked plan.
@@ -502,10 +513,54 @@ def time_finalists(timers: Mapping[int, Callable[[], float]]) -> dict[int, float
     return screen
 
 
-def _time_all(modules: dict, dev, args) -> dict[int, float]:
-    """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls."""
-    evaluators = {i: _evaluator(mod, dev, args, 1) for i, mod in modules.items()}
-    return time_finalists({i: (lambda ev=ev: float(ev(*args).results[0])) for i, ev in evaluators.items()})
+def placement_count(args) -> int:
+    """How many placements of ``args`` (tvm tensors) :func:`profile` times on: PLACEMENTS, fewer where
+    their copies would exceed PLACEMENT_BYTES."""
+    total = sum(math.prod(a.shape) * a.dtype.itemsize for a in args)
+    return max(1, min(PLACEMENTS, PLACEMENT_BYTES // max(1, total)))
+
+
+def placed_copies(args, count: int, seed: int = 0) -> list[list]:
+    """``count`` argument lists holding copies of ``args`` (tvm tensors on the CPU), every tensor at an offset
+    within a page of its own (multiples of PLACEMENT_ALIGN, drawn from a generator seeded by ``seed``): the
+    relative positions a kernel's buffers may take in a caller's memory."""
+    rng = np.random.default_rng(seed)
+    return [[_copy_at(a, int(rng.integers(0, PAGE_BYTES // PLACEMENT_ALIGN)) * PLACEMENT_ALIGN) for a in args]
+            for _ in range(count)]
+
+
+def _copy_at(tensor, offset: int):
+    """A copy of ``tensor`` whose data starts ``offset`` bytes into a page (a view of a numpy arena: TVM's
+    kernels take no byte offset, so the data pointer itself must sit there; the view keeps the arena)."""
+    import tvm
+
+    values = tensor.numpy()
+    arena = np.empty(values.nbytes + PAGE_BYTES, np.uint8)
+    start = (offset - arena.ctypes.data) % PAGE_BYTES
+    raw = tvm.runtime.from_dlpack(arena[start:start + values.nbytes])
+    placed = raw._create_view(tuple(values.shape), str(tensor.dtype), 0)
+    placed.copyfrom(tensor)
+    return placed
+
+
+def _placed_timer(mod, dev, placements) -> Callable[[], float]:
+    """One timed repeat of ``mod`` (seconds a call): ~TARGET_MEASURE_SECONDS of calls split evenly over
+    ``placements`` (argument lists), their mean; only as many placements as that time holds a call on."""
+    t0 = time.perf_counter()
+    mod["main"](*placements[0])
+    dev.sync()
+    call = max(time.perf_counter() - t0, 1e-7)
+    used = placements[:max(1, min(len(placements), int(TARGET_MEASURE_SECONDS / call)))]
+    number = max(1, min(1000, math.ceil(TARGET_MEASURE_SECONDS / len(used) / call)))
+    ev = mod.time_evaluator("main", dev, number=number, repeat=1)
+    return lambda: statistics.fmean(float(ev(*args).results[0]) for args in used)
+
+
+def _time_all(modules: dict, dev, placements) -> dict[int, float]:
+    """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls spread over the
+    buffer ``placements`` (argument lists, :func:`placed_copies`): a kernel fast on one placement only
+    is timed as the caller's buffers will find it, on average."""
+    return time_finalists({i: _placed_timer(mod, dev, placements) for i, mod in modules.items()})
 
 
 def wrong_result(got: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> str | None:
@@ -601,7 +656,8 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
             c.verified = True
             modules[i] = mod
         if time_kernels:
-            for i, secs in _time_all(modules, dev, args_in + [out_tvm]).items():
+            args = args_in + [out_tvm]
+            for i, secs in _time_all(modules, dev, placed_copies(args, placement_count(args))).items():
                 cands[i].measured_seconds = secs
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

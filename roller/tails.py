@@ -228,7 +228,9 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     - a padded output: once more (the crop);
     - an input a producer stage of the function writes (``Expr.staged``, e.g. a convolution's own zero
       padding): its region, once per top tile, besides any copy above; nothing where the plan inlines
-      that stage (``inlined``: the kernel reads the tensor itself, behind a bounds check).
+      that stage (``inlined``: the kernel reads the tensor itself, behind a bounds check). A stage that
+      repeats what it reads (``Expr.repeats``: a grouped convolution's group_rep) is charged its read only,
+      1/repeat of its region: its writes run at an element rate (``model.replicate_seconds``).
 
     A packed input's plain copy (no padding, no transposition) is not charged the first time: the model
     does not credit what packing saves either (conflict-free dense rows), and charging one side only
@@ -247,7 +249,10 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
             distinct = math.prod(ceil_div(expr.axis(a).extent, top[a]) for a in t.axes)
             total += region * (tiles - distinct)
         if t.name in expr.staged and t.name not in inlined:  # the function's own producer stage, per top tile
-            total += region * tiles
+            repeat = expr.repeat(t.name)
+            # a repeating stage reads 1/repeat of what it writes, and its writes cost their element rate
+            # instead (model.replicate_seconds)
+            total += (region if repeat == 1 else region // 2 // repeat) * tiles
         if t.packed_order:
             total += region * tiles
         elif not t.axes & set(padded):

@@ -88,6 +88,17 @@ def test_conv2d_sliding_window(stride, pad, dilation):
         (min(3 * stride + 2 * dilation + 1, 17 + 2 * pad), min(stride + dilation + 1, 13 + 2 * pad))
 
 
+@pytest.mark.parametrize("groups, repeats", [(32, (("group_rep", 4),)), (8, ()), (1, ())])
+def test_grouped_conv_names_its_repeating_stage(groups, repeats):
+    """A group of fewer than ops.GROUP_REPLICATE_BELOW output channels reads a stage that copies each input
+    channel for the group's K/groups channels: the Expr says so (the model charges its read at the input's
+    size); wider groups and plain convolutions have none (a padding stage is a plain copy)."""
+    shape = dict(N=1, H=6, W=5, C=128, K=128, R=3, S=3, pad=1, groups=groups)
+    e = analyze(ops.OPS["conv2d"].make(shape)).expr
+    assert e.repeats == repeats
+    assert e.repeat(e.inputs[0].name) == (4 if repeats else 1)
+
+
 @pytest.mark.parametrize("M, N", [(7, 13), (1, 1025), (1024, 1)])
 def test_reduce_sum(M, N):
     e = analyze(ops.reduce_sum(M, N)).expr
