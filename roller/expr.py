@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from .dtypes import dtype_bytes
 from .errors import UnsupportedExpressionError
@@ -48,15 +49,20 @@ class TensorAccess:
     def elem_bytes(self) -> int:
         return dtype_bytes(self.dtype)
 
-    @property
-    def axes(self) -> set[str]:
-        return {a for dim in self.index for a, _ in dim}
+    @cached_property  # construction asks for it per tile; the access never changes
+    def axes(self) -> frozenset[str]:
+        return frozenset(a for dim in self.index for a, _ in dim)
 
     def region(self, tile: dict[str, int]) -> tuple[int, ...]:
         """Extent of the region a tile touches, per dimension: a sliding window where several axes
         index one dimension, ``sum(coef * (t - 1)) + 1``, clipped to the tensor's shape."""
-        return tuple(min(size, sum(abs(c) * (tile[a] - 1) for a, c in dim) + 1)
-                     for dim, size in zip(self.index, self.shape))
+        out = []
+        for dim, size in zip(self.index, self.shape):  # plain loops: construction calls this ~10^5 times
+            n = 1
+            for a, c in dim:
+                n += abs(c) * (tile[a] - 1)
+            out.append(n if n < size else size)
+        return tuple(out)
 
     def innermost_axes(self) -> tuple[str, ...]:
         """Axes that index the last (contiguous) dimension with coefficient 1."""

@@ -194,11 +194,15 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
     register tile they halved the tiles of BERT's and ResNet's residual matmuls and convs and of the
     classifiers' GEMVs. A bias of a longer output (some output axes only) stays counted: excluding it too
     changed 12 of ResNet-50's plans by -14% to +34% (one thread, one A/B process), net neutral."""
-    if not expr.reduce_axes:
-        return frozenset()
-    reduce = {a.name for a in expr.reduce_axes}
-    out = {a.name for a in expr.axes if a.name in expr.output.axes and a.extent > 1}
-    return frozenset(t.name for t in expr.inputs if t.index and not (t.axes & reduce) and t.axes >= out)
+    found = expr.__dict__.get("_epilogue_inputs")  # once per Expr: construction asks per tile
+    if found is None:
+        found = frozenset()
+        if expr.reduce_axes:
+            reduce = {a.name for a in expr.reduce_axes}
+            out = {a.name for a in expr.axes if a.name in expr.output.axes and a.extent > 1}
+            found = frozenset(t.name for t in expr.inputs if t.index and not (t.axes & reduce) and t.axes >= out)
+        object.__setattr__(expr, "_epilogue_inputs", found)
+    return found
 
 
 def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
