@@ -149,10 +149,32 @@ class Device:
     fingerprint: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False)
     gpu: GpuLimits | None = None  # a GPU's block and SM limits (kind gpu only)
+    # the level a kernel's constants (a model's weights) are read from at every call, where the model
+    # compiler knows they do not stay in the caches between calls (roller.relax.constants_device); None:
+    # like the rest of the data (roller.model.data_source)
+    constants_level: str | None = None
 
     @property
     def calibrated(self) -> bool:
         return self.calibration is not None
+
+    # the share of a cache level's calibrated bandwidth at which a swept working set still counts as read
+    # from that cache (largest_cached_bytes)
+    CACHED_SHARE = 0.75
+
+    def largest_cached_bytes(self) -> int:
+        """Bytes one unit can read again and again and still find in a cache: the largest working set the
+        calibration sweep (one unit) read at CACHED_SHARE or more of the last cache level's bandwidth;
+        without a sweep, that level's usable bytes. On a virtual machine sysfs reports the host's cache
+        (here an L3 of 260 MB), while the sweep reads at L3 speed only up to 64 MB (16 MB: 30 GB/s, 64 MB:
+        24, 128 MB: 16, memory's)."""
+        caches = [lv for lv in self.levels[:-1]]
+        if not caches:
+            return 0
+        last = caches[-1]
+        sweep = ((self.calibration or {}).get("sweep") or {}).get("one") or []
+        fits = [row["bytes"] for row in sweep if row.get("read", 0) >= self.CACHED_SHARE * last.bandwidth_gbps]
+        return max(fits) if fits else last.usable_bytes
 
     def level(self, name: str) -> MemoryLevel:
         for lv in self.levels:

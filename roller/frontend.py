@@ -394,7 +394,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     """
     import tvm
 
-    from .relax import ScheduleModule
+    from .relax import ScheduleModule, constants_device
     from .tvmutil import target_for
 
     t0 = time.perf_counter()
@@ -415,13 +415,15 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     mod = legalize_and_fuse(mod, target, layout, fast_math)
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
+    # planned for where the weights live between calls (memory, where they outgrow the caches)
+    plan_dev = constants_device(mod, dev) if prepack else dev
     calls_cache = cache and not profile
     if calls_cache:  # every function from the kernel cache or compiled alone into it
         from .model_cache import schedule_and_build
-        ex, report, mod, seconds["build"] = schedule_and_build(mod, dev, verify, prepack)
+        ex, report, mod, seconds["build"] = schedule_and_build(mod, plan_dev, verify, prepack)
         seconds["schedule"] = time.perf_counter() - t - seconds["build"]
     else:
-        sched = ScheduleModule(dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
+        sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
                                prepack=prepack)
         mod = sched(mod)
         report = sched.report

@@ -391,6 +391,13 @@ def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: 
     return vectors * (2 * chunks + 1) * ACCUMULATOR_CYCLES * cycle_seconds(device)
 
 
+def unit_bandwidth(level: MemoryLevel, units: int) -> float:
+    """GB/s one of ``units`` active units draws from ``level`` (a shared level's total split between them)."""
+    if level.shared:
+        return min(level.bandwidth_gbps, level.total_bandwidth_gbps / units)
+    return level.bandwidth_gbps
+
+
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
              inlined: tuple[str, ...] = (), constants: frozenset[str] = frozenset()) -> Estimate:
@@ -433,10 +440,14 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         if i == len(levels) - 1:
             q += copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
         below = levels[i + 1] if i + 1 < len(levels) else source
-        bw = below.bandwidth_gbps
-        if below.shared:
-            bw = min(bw, below.total_bandwidth_gbps / units)
-        mem[lv.name] = q / (bw * 1e9)
+        cold = 0.0
+        if i == len(levels) - 1 and prepacked and device.constants_level:
+            # a model's weights that do not stay in the caches between calls come from constants_level
+            cold = sum(tensor_footprint(t, tile, rules, moved=True) for t in expr.inputs
+                       if t.name in prepacked) * total
+        mem[lv.name] = (q - cold) / (unit_bandwidth(below, units) * 1e9)
+        if cold:
+            mem[lv.name] += cold / (unit_bandwidth(device.level(device.constants_level), units) * 1e9)
         traf[lv.name] = q
     # inputs the kernel reads from a copy made per top tile: packed ones, and every producer stage the plan
     # does not inline (padding, and group_rep, which is never inlined: charged before as strided streams,

@@ -21,6 +21,8 @@ and why the rules before it declined. Structurally identical functions are sched
 """
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass, field
 
@@ -498,6 +500,35 @@ def _tir_calls(mod):
         if isinstance(f, relax.Function):
             _Calls().visit_expr(f)
     return out
+
+
+def constant_bytes(mod) -> int:
+    """Bytes of the Relax constants (a model's weights) that the ``call_tir`` calls of ``mod`` pass."""
+    import tvm
+    from tvm import relax
+
+    seen: dict = {}  # TVM objects hash and compare by identity: each constant once
+    for _, call in _tir_calls(mod):
+        args = call.args[1]
+        for a in (args.fields if isinstance(args, relax.Tuple) else [args]):
+            if isinstance(a, tvm.ir.expr.Constant):
+                data = a.value
+                seen[a] = math.prod(int(d) for d in data.shape) * tvm.DataType(str(data.dtype)).bits // 8
+    return sum(seen.values())
+
+
+def constants_device(mod, device: Device) -> Device:
+    """``device`` to schedule ``mod``'s functions for: where the module's constants outgrow what a unit
+    finds in the caches (``Device.largest_cached_bytes``), the other layers evict a layer's weights
+    between its calls, and it reads them from memory (``Device.constants_level``: the last level); else
+    ``device`` itself. ResNet-50 (100 MB of weights), two threads, alternating in one process: 30.93 ->
+    30.23 ms with its weights charged from memory; MobileNetV2's 14 MB stay cached (3.27 -> 3.46 ms when
+    charged from memory)."""
+    import dataclasses
+
+    if device.kind != "cpu" or constant_bytes(mod) <= device.largest_cached_bytes():
+        return device
+    return dataclasses.replace(device, constants_level=device.levels[-1].name)
 
 
 def constant_params(mod) -> dict[str, frozenset[str]]:

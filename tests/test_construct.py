@@ -440,3 +440,22 @@ def test_a_repeating_stage_reads_its_source_and_writes_at_its_element_rate():
     assert replicate_seconds(e, top, DEV) == pytest.approx(region * REPLICATE_CYCLES * cycle_seconds(DEV))
     assert replicate_seconds(plain, top, DEV) == 0.0
     assert est.seconds < est_plain.seconds
+
+
+def test_constants_from_memory_cost_their_traffic_at_memorys_bandwidth():
+    """With Device.constants_level set (a model whose weights outgrow the caches), the prepacked weight's
+    traffic into the top level is charged at that level's bandwidth; other inputs and plans without
+    prepacked constants are charged as before."""
+    from roller.model import estimate
+
+    e = matmul(256, 1024, 1024)
+    cold = dataclasses.replace(DEV, constants_level="DRAM")
+    prog = construct(e, DEV, topk=1, constants=frozenset({"B"})).programs[0]
+    warm = estimate(e, prog.tiles, DEV, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
+    colder = estimate(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
+    top = DEV.private_levels[-1].name
+    assert colder.memory_seconds[top] > warm.memory_seconds[top]
+    assert colder.traffic_bytes == warm.traffic_bytes
+    plain = estimate(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined)
+    assert plain.memory_seconds == estimate(e, prog.tiles, DEV, prog.vector_axis, prog.padded,
+                                            prog.inlined).memory_seconds

@@ -103,3 +103,15 @@ def test_calibration_replaces_datasheet_figures():
     assert cal.units.peak("float32") == 150.0
     assert cal.level("L2").bandwidth_gbps == 70.0 and cal.level("L2").total_bandwidth_gbps == 130.0
     assert cal.level("L1").bandwidth_gbps == dev.level("L1").bandwidth_gbps
+
+
+def test_largest_cached_bytes_comes_from_the_calibration_sweep():
+    """The caches a unit really gets: the largest swept working set read at 3/4 of the last cache level's
+    bandwidth or more (a VM's sysfs names the host's L3); without a sweep, that level's usable bytes."""
+    from policy_exprs import cpu
+
+    dev = cpu()  # L3 16 MiB (usable 16 MiB) at 40 GB/s a unit, then DRAM
+    assert dev.largest_cached_bytes() == 16 << 20
+    sweep = {"sweep": {"one": [{"bytes": 4 << 20, "read": 41.0}, {"bytes": 8 << 20, "read": 31.0},
+                               {"bytes": 16 << 20, "read": 29.0}, {"bytes": 64 << 20, "read": 10.0}]}}
+    assert dev.with_calibration(sweep).largest_cached_bytes() == 8 << 20

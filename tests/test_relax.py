@@ -675,3 +675,30 @@ def test_profiling_a_function_with_a_scalar_tensor_parameter(device):
     y = tvm.runtime.empty((4, 64), "float32", tvm.cpu())
     res.module["main"](tvm.runtime.tensor(x, tvm.cpu()), tvm.runtime.tensor(bound, tvm.cpu()), y)
     np.testing.assert_array_equal(y.numpy(), np.maximum(x, bound))
+
+
+def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
+    """A model whose constants exceed what a unit finds in the caches (Device.largest_cached_bytes) is
+    planned with its weights read from memory (Device.constants_level); a small one as before. The model
+    built either way matches numpy."""
+    import dataclasses
+
+    from roller.frontend import import_onnx, legalize_and_fuse, onnx_inputs
+    from roller.relax import constant_bytes, constants_device
+    from roller.tvmutil import target_for
+
+    rng = np.random.default_rng(3)
+    x, w = rng.normal(size=(4, 256)).astype(np.float32), rng.normal(size=(256, 512)).astype(np.float32)
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": x.shape}, (4, 512), [("w", w)])
+    mod = legalize_and_fuse(import_onnx(model, onnx_inputs(model, None)), target_for(device))
+    assert constant_bytes(mod) == w.nbytes
+    assert constants_device(mod, device) is device  # 512 KB stay cached
+    last = device.levels[-2]
+    small = dataclasses.replace(device, calibration=None, levels=device.levels[:-2] + (
+        dataclasses.replace(last, capacity_bytes=w.nbytes, usable_fraction=0.5), device.levels[-1]))
+    assert small.largest_cached_bytes() == w.nbytes // 2
+    cold = constants_device(mod, small)
+    assert cold.constants_level == small.levels[-1].name
+    cm = roller.compile_model(model, cold, cache=False)
+    (out,) = cm.run({"x": x})
+    np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-4)
