@@ -168,10 +168,9 @@ class Device:
         without a sweep, that level's usable bytes. On a virtual machine sysfs reports the host's cache
         (here an L3 of 260 MB), while the sweep reads at L3 speed only up to 64 MB (16 MB: 30 GB/s, 64 MB:
         24, 128 MB: 16, memory's)."""
-        caches = [lv for lv in self.levels[:-1]]
-        if not caches:
+        if len(self.levels) < 2:
             return 0
-        last = caches[-1]
+        last = self.levels[-2]  # the last cache: every level but the memory
         sweep = ((self.calibration or {}).get("sweep") or {}).get("one") or []
         fits = [row["bytes"] for row in sweep if row.get("read", 0) >= self.CACHED_SHARE * last.bandwidth_gbps]
         return max(fits) if fits else last.usable_bytes
