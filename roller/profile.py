@@ -30,6 +30,7 @@ import numpy as np
 from .device import Device
 from .errors import BuildError
 from .expr import Expr
+from .model import PAGE_BYTES
 from .rprogram import RProgram
 
 # (rtol, atol) of the numerics check, by output dtype; np.testing.assert_allclose semantics.
@@ -48,7 +49,6 @@ FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the 
 # profile's buffers had, the first plan won at 20 us and then ran 40.4 us on the suite's buffers.
 PLACEMENTS = 4
 PLACEMENT_BYTES = 256 << 20  # at most this many bytes of copies: fewer placements for large operators
-PAGE_BYTES = 4096
 PLACEMENT_ALIGN = 64  # the kernels' buffers are 64-byte aligned; offsets step by that
 # Seconds of building after which candidates not yet started are skipped (the model's first is always
 # built): a few plans with long partitioned, unrolled tails compile for 10-15 s each (depthwise 5x5 on
