@@ -86,7 +86,8 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     """Constructs, builds and verifies a kernel for ``func``.
 
     With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
-    fastest verified one wins; without it only the model's first plan is built (still verified).
+    fastest verified one wins where it beat the model's first plan by ``profile.WIN_MARGIN`` in the same
+    timing rounds (else the first plan stays); without it only the model's first plan is built (still verified).
     ``inputs`` / ``reference`` are numpy arrays for the check (random inputs and TVM's unscheduled build
     of ``func`` are used when absent). Candidates whose build has not started after ``build_budget``
     seconds of compiling are skipped (None: build all).
@@ -101,7 +102,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     On a GPU device the top-``topk`` plans are compiled offline and checked against its limits
     (``roller.gpu_build``: a GpuBuildResult; nothing cached). Where that GPU is in this machine and a
     ``reference`` is given (``build_op`` makes one), they are checked against numpy and timed on it and
-    the fastest wins; otherwise the model ranks them, nothing is timed, and the chosen schedule's OpenCL
+    the fastest wins (by the same margin); otherwise the model ranks them, nothing is timed, and the chosen schedule's OpenCL
     twin is checked against numpy.
     """
     if inputs is not None:  # bad arrays are an error even when the kernel comes from the cache

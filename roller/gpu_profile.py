@@ -21,6 +21,7 @@ class GpuTiming:
     verified: bool
     error: str | None
     measured_seconds: float | None = None
+    chosen: bool = False  # the candidate the timing chose (roller.profile.time_finalists)
 
 
 def profile_gpu(modules: Mapping[int, object], runtime, names: Sequence[str], inputs: Sequence[np.ndarray],
@@ -42,6 +43,9 @@ def profile_gpu(modules: Mapping[int, object], runtime, names: Sequence[str], in
         results[i] = GpuTiming(verified=error is None, error=error)
         if error is None:
             timers[i] = runtime.timer(kernel, {**arrays, out: out_init})
-    for i, seconds in time_finalists(timers).items():
+    timing = time_finalists(timers)
+    for i, seconds in timing.seconds.items():
         results[i].measured_seconds = seconds
+    if timers:
+        results[timing.best].chosen = True
     return results

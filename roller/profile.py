@@ -1,5 +1,6 @@
 """Top-K profiling: build candidate kernels in worker processes, check each against a reference, time the
-verified ones on the same buffers in this process, keep the fastest.
+verified ones on the same buffers in this process, keep the fastest (where it beat the model's first plan by
+a margin, round by round: see time_finalists).
 
 A TVM crash (TVM's SIGSEGV handler ends the process) or an abort kills only a worker; the pool is then
 recreated and the remaining candidates go on. Work crosses the process boundary as plain data: the
@@ -32,15 +33,19 @@ from .errors import BuildError
 from .expr import Expr
 from .model import PAGE_BYTES
 from .rprogram import RProgram
+from .timing import paired_ratio
 
 # (rtol, atol) of the numerics check, by output dtype; np.testing.assert_allclose semantics.
 TOLERANCE = {
     "float64": (1e-7, 1e-7), "float32": (1e-3, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2),
 }
 TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in total
-REPEATS = 3
+REPEATS = 5
 FINALISTS = 3      # candidates re-timed with REPEATS repeats after a one-repeat screen of all
 FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the best
+# A finalist replaces the model's first plan only where it ran at least this much faster in the same rounds
+# (time_finalists): smaller gaps are the noise of a shared machine, and the model's ranking breaks the tie.
+WIN_MARGIN = 0.03
 # Buffer placements every timed repeat spreads its calls over (placed_copies): a kernel's speed can depend on
 # where its tensors sit relative to each other within a page (loads and stores 4 KiB apart alias in the L1
 # and the store buffer). Measured, 2 threads, one process: depthwise 3x3 dilation 2 on 28x28x256, its first
@@ -473,44 +478,45 @@ def _fill_sentinel(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _evaluator(mod, dev, args, repeats: int):
-    """The runtime's timer for ``mod`` sized so that one repeat runs ~TARGET_MEASURE_SECONDS."""
-    t0 = time.perf_counter()
-    mod["main"](*args)
-    dev.sync()
-    once = max(time.perf_counter() - t0, 1e-7)
-    number = max(1, min(1000, math.ceil(TARGET_MEASURE_SECONDS / once)))
-    return mod.time_evaluator("main", dev, number=number, repeat=repeats)
+@dataclass(frozen=True)
+class Timing:
+    """What :func:`time_finalists` measured: seconds a call per candidate (the finalists' medians over the
+    rounds, the others' screen) and the candidate it chose."""
+
+    seconds: dict[int, float]
+    best: int
 
 
-def _time(mod, dev, args, repeats: int = REPEATS) -> float:
-    """Median seconds of one call over ``repeats`` repeats of ~TARGET_MEASURE_SECONDS each."""
-    return float(np.median(_evaluator(mod, dev, args, repeats)(*args).results))
-
-
-def time_finalists(timers: Mapping[int, Callable[[], float]]) -> dict[int, float]:
-    """Seconds per candidate from ``timers`` (index -> one timed repeat, seconds a call): one repeat each
-    screens them all; then the finalists (the model's first plan, and the few others within FINALIST_RATIO
-    of the best screen) are timed in REPEATS rounds, one repeat of each per round, and their medians decide.
+def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
+    """Seconds per candidate from ``timers`` (index -> one timed repeat, seconds a call) and the choice: one
+    repeat each screens them all; then the finalists (the model's first plan, and the few others within
+    FINALIST_RATIO of the best screen) are timed in REPEATS rounds, one repeat of each per round.
     Alternating, every finalist sees the same drift of a shared machine: timed one after another, a burst of
     other work during one candidate's repeats made a slower plan win (the profiled kernel then ran up to 2x
-    slower than the model's first plan). Any device: the CPU's runtime here, a GPU's in roller.gpu_profile."""
+    slower than the model's first plan). The choice compares each finalist with the model's first plan
+    round by round (its time over the first plan's in the same round, the median over the rounds), and a
+    challenger wins only where it is at least WIN_MARGIN faster: on a machine whose speed moves by 1.6x
+    within seconds (other tenants' work), plans within the noise of each other were picked at random and
+    the profiled kernel ran up to 1.4x slower than the first plan. Any device: the CPU's runtime here, a
+    GPU's in roller.gpu_profile."""
     screen = {i: t() for i, t in timers.items()}
     if not screen:
-        return screen
+        return Timing(screen, -1)
     best = min(screen.values())
     close = sorted((i for i in screen if screen[i] <= best * FINALIST_RATIO), key=screen.get)[:FINALISTS]
     first = min(screen)  # the model's best-ranked plan that built and verified
-    finalists = close + ([first] if first not in close else [])
+    finalists = [first] + [i for i in close if i != first]
     if len(finalists) == 1:
-        return screen
+        return Timing(screen, first)
     rounds: dict[int, list[float]] = {i: [] for i in finalists}
     for _ in range(REPEATS):
         for i in finalists:
             rounds[i].append(timers[i]())
     for i in finalists:
         screen[i] = float(np.median(rounds[i]))
-    return screen
+    paired = {i: paired_ratio(rounds[i], rounds[first]) for i in finalists[1:]}
+    challenger = min(paired, key=paired.get)
+    return Timing(screen, challenger if paired[challenger] <= 1 - WIN_MARGIN else first)
 
 
 def placement_count(args) -> int:
@@ -556,7 +562,7 @@ def _placed_timer(mod, dev, placements) -> Callable[[], float]:
     return lambda: statistics.fmean(float(ev(*args).results[0]) for args in used)
 
 
-def _time_all(modules: dict, dev, placements) -> dict[int, float]:
+def _time_all(modules: dict, dev, placements) -> Timing:
     """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls spread over the
     buffer ``placements`` (argument lists, :func:`placed_copies`): a kernel fast on one placement only
     is timed as the caller's buffers will find it, on average."""
@@ -577,7 +583,8 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
             progress: bool = True, time_kernels: bool = True, build_budget: float | None = BUILD_BUDGET_SECONDS,
             in_process: bool = False, _worker_hook: Callable | None = None) -> ProfileResult:
     """Builds ``programs`` in worker processes, verifies each against ``reference`` (or, if None, the
-    output of the unscheduled ``func``), times the verified ones and keeps the fastest.
+    output of the unscheduled ``func``), times the verified ones and keeps the fastest where it beat the first
+    verified one (the model's choice) by WIN_MARGIN (:func:`time_finalists`), else that one.
 
     ``inputs`` are the arrays of the function's input parameters in order; the remaining parameter is
     the output. Tolerances default to :data:`TOLERANCE` of the output dtype. Raises BuildError listing
@@ -655,10 +662,13 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
                 continue
             c.verified = True
             modules[i] = mod
-        if time_kernels:
+        chosen = None
+        if time_kernels and modules:
             args = args_in + [out_tvm]
-            for i, secs in _time_all(modules, dev, placed_copies(args, placement_count(args))).items():
+            timing = _time_all(modules, dev, placed_copies(args, placement_count(args)))
+            for i, secs in timing.seconds.items():
                 cands[i].measured_seconds = secs
+            chosen = cands[timing.best]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -669,7 +679,7 @@ def profile(func, expr: Expr, programs: Sequence[RProgram], device: Device, inpu
         raise BuildError(f"profile {expr.name}: none of the {len(cands)} candidates built and verified "
                          f"(first: {cands[0].summary()}; all of them with --debug)",
                          details="\n".join(c.summary() for c in cands))
-    best = min(timed, key=lambda c: c.measured_seconds) if time_kernels else timed[0]
+    best = chosen or timed[0]
     # keep only the best library, in a folder of its own the caller owns; the rest goes now
     keep = tempfile.mkdtemp(prefix="kernel-", dir=build_root())
     lib = os.path.join(keep, "kernel.so")

@@ -33,6 +33,19 @@ def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3
 SETTLE_SECONDS = 0.25  # pause before timing the next implementation (see time_alternately)
 
 
+def time_rounds(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
+                repeats: int = 3, settle: float = SETTLE_SECONDS) -> dict[str, list[float]]:
+    """Seconds per call of each (name, fn) in each of ``rounds`` rounds, every implementation timed in turn
+    in each round (:func:`median_seconds`), this process; see :func:`time_alternately` for why."""
+    times: dict[str, list[float]] = {name: [] for name, _ in impls}
+    for _ in range(rounds):
+        for name, fn in impls:
+            if settle:
+                time.sleep(settle)
+            times[name].append(median_seconds(fn, target, repeats))
+    return times
+
+
 def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
                      repeats: int = 3, settle: float = SETTLE_SECONDS) -> dict[str, float]:
     """Median seconds per call of each (name, fn), timed in turn ``rounds`` times in this process.
@@ -43,9 +56,13 @@ def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int
     (PyTorch's OpenMP, OpenBLAS, TVM's own pool) and steals the cores from whatever runs next: measured
     here, roller's conv2d 56x56x64 ran at 1.59 ms right after PyTorch's conv and 1.15 ms after a pause
     (and PyTorch with OMP_WAIT_POLICY=PASSIVE 2x slower, so the pause, not a passive policy, is fair)."""
-    times: dict[str, list[float]] = {name: [] for name, _ in impls}
-    for _ in range(rounds):
-        for name, fn in impls:
-            time.sleep(settle)
-            times[name].append(median_seconds(fn, target, repeats))
+    times = time_rounds(impls, rounds, target, repeats, settle)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """The median over rounds of one round's ratio (two lists of per-round seconds, :func:`time_rounds`).
+    Where the machine's speed moves between rounds (on a VM whose neighbours share its cores, by up to 1.6x
+    within seconds) the two times of one round saw the same speed, and their ratio cancels it; the ratio of
+    the two medians does not, as each median may fall in a round of another speed."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))

@@ -50,8 +50,11 @@ def test_gpu_candidates_are_checked_and_timed_on_the_runtime():
     assert r["timed"] is True and "say nothing about the GPU" in r["ranking"]
     kept = [c for c in r["candidates"] if not c["dropped"]]
     assert kept and all(c["verified"] is True and c["measured_seconds"] > 0 for c in kept)
-    fastest = min(range(len(r["candidates"])), key=lambda i: r["candidates"][i]["measured_seconds"] or np.inf)
-    assert r["chosen"] == fastest and r["kernel_seconds"] == r["candidates"][fastest]["measured_seconds"]
+    # the fastest wins where it beat the model's first kept plan by the margin, else that plan stays
+    times = [c["measured_seconds"] or np.inf for c in r["candidates"]]
+    first = next(i for i, c in enumerate(r["candidates"]) if not c["dropped"])
+    assert r["chosen"] in (first, min(range(len(times)), key=times.__getitem__))
+    assert times[r["chosen"]] <= times[first] and r["kernel_seconds"] == times[r["chosen"]]
     assert r["verified"] is True and r["gflops"] > 0
 
 
