@@ -10,7 +10,8 @@ v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layer
 MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks for one new token
 over a 32-token KV cache, the small CNN and transformer block of the tests. Per model: roller's
 compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
-alternately with onnxruntime in this process after a pause each, scripts/benchutil.time_alternately),
+alternately with onnxruntime in this process after a pause each, roller.timing.time_rounds; the ratio to
+onnxruntime is the median of the rounds' ratios, roller.timing.paired_ratio),
 onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
 module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
 eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
@@ -33,7 +34,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, 
 
 import numpy as np  # noqa: E402
 
-from benchutil import SETTLE_SECONDS, time_alternately  # noqa: E402
+from benchutil import SETTLE_SECONDS  # noqa: E402
+from roller.timing import paired_ratio, time_rounds  # noqa: E402
 
 
 def _models():
@@ -117,9 +119,12 @@ def bench(name: str, proto, args) -> dict:
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
         impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
     if threads == 1:  # everything runs on this thread: its CPU time leaves out the other jobs on the machine
-        times = _cpu_alternately(impls, args.rounds)
+        rounds = _cpu_rounds(impls, args.rounds)
     else:
-        times = time_alternately(impls, rounds=args.rounds, target=0.05, repeats=3)
+        rounds = time_rounds(impls, rounds=args.rounds, target=0.05, repeats=3)
+    times = {k: statistics.median(v) for k, v in rounds.items()}
+    # the ratio within each round (both saw the same machine speed), its median over the rounds
+    row["ort_over_roller"] = paired_ratio(rounds["onnxruntime"], rounds["roller"])
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
     if torch_run is not None:
@@ -138,9 +143,9 @@ def bench(name: str, proto, args) -> dict:
     return row
 
 
-def _cpu_alternately(impls, rounds: int) -> dict[str, float]:
-    """Median thread CPU seconds per call of each (name, fn), timed in turn ``rounds`` times after a pause
-    each (model_breakdown.cpu_seconds)."""
+def _cpu_rounds(impls, rounds: int) -> dict[str, list[float]]:
+    """Thread CPU seconds per call of each (name, fn) in each of ``rounds`` rounds, timed in turn after a
+    pause each (model_breakdown.cpu_seconds)."""
     from model_breakdown import cpu_seconds
 
     times: dict[str, list[float]] = {name: [] for name, _ in impls}
@@ -148,7 +153,7 @@ def _cpu_alternately(impls, rounds: int) -> dict[str, float]:
         for name, fn in impls:
             time.sleep(SETTLE_SECONDS)
             times[name].append(cpu_seconds(fn, 0.2))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def _ms(s):
@@ -169,7 +174,7 @@ def table(rows) -> str:
                  if "torch_latency_seconds" in r else "-")
         lines.append(f"| {r['model']} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
                      f"{_ms(r['onnxruntime_latency_seconds'])} | "
-                     f"{r['onnxruntime_latency_seconds'] / r['latency_seconds']:.2f} | {torch} | {prof} | {tvm} | "
+                     f"{r['ort_over_roller']:.2f} | {torch} | {prof} | {tvm} | "
                      f"{r['max_abs_error']:.2g} | {'yes' if r['matches'] else 'NO'} | {r['functions']} ({rules}) |")
     return "\n".join(lines)
 
