@@ -252,3 +252,24 @@ def test_placed_copies_sit_at_their_offsets_and_compute_the_same(setup):
             np.testing.assert_array_equal(t.numpy(), a)
         kernel(*p)
         np.testing.assert_allclose(p[-1].numpy(), ref, rtol=1e-3, atol=1e-3)
+
+
+def test_paired_ratio_cancels_the_speed_a_round_ran_at():
+    """Each round's two times saw the same machine speed: their ratio is the same whatever that speed,
+    where the ratio of the two medians is not."""
+    import statistics
+
+    from roller.timing import paired_ratio, time_rounds
+
+    # one plan is 2x the other; the machine ran 1.6x slower from round 3 on, and in rounds 3 and 4 it
+    # changed speed between the two timings
+    slow = [2.0 * s for s in (1.0, 1.0, 1.6, 1.6, 1.6)]
+    fast = [1.0 * s for s in (1.0, 1.0, 1.0, 1.0, 1.6)]
+    assert paired_ratio(slow, fast) == pytest.approx(2.0)
+    assert statistics.median(slow) / statistics.median(fast) == pytest.approx(3.2)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], [1.0])
+    calls: list[str] = []
+    rounds = time_rounds([("a", lambda: calls.append("a")), ("b", lambda: calls.append("b"))], rounds=3,
+                         target=0.001, repeats=1, settle=0)
+    assert [len(v) for v in rounds.values()] == [3, 3] and all(t > 0 for v in rounds.values() for t in v)
