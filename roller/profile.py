@@ -496,9 +496,9 @@ def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
     slower than the model's first plan). The choice compares each finalist with the model's first plan
     round by round (its time over the first plan's in the same round, the median over the rounds), and a
     challenger wins only where it is at least WIN_MARGIN faster: on a machine whose speed moves by 1.6x
-    within seconds (other tenants' work), plans within the noise of each other were picked at random and
-    the profiled kernel ran up to 1.4x slower than the first plan. Any device: the CPU's runtime here, a
-    GPU's in roller.gpu_profile."""
+    within seconds (presumably other tenants' work), plans within the noise of each other were picked at
+    random and the profiled kernel ran up to 1.4x slower than the first plan. Any device: the CPU's runtime
+    here, a GPU's in roller.gpu_profile."""
     screen = {i: t() for i, t in timers.items()}
     if not screen:
         return Timing(screen, -1)

@@ -13,10 +13,11 @@ prime and narrow sizes, and the cliff cases of issue 6: shapes where a compiler 
   function has it; ``torch.set_num_threads(device cores)``); optional: without torch, numpy only.
 
 They are timed alternately (several rounds: every implementation sees the same drift of a shared
-machine), and each ratio is the median of the rounds' ratios: on a VM whose neighbours share its cores the
-speed moves by up to 1.6x within seconds, and two medians may come from rounds of different speeds. The
-top-1 / top-10 ratio comes from the two kernels alone, back to back in short batches. Both roller kernels are verified by the build and their outputs re-checked here
-against the numpy reference; a peer whose output differs from the reference is reported, not compared.
+machine), and each ratio is the median of the rounds' ratios: on a VM whose speed moves by up to 1.6x
+within seconds (presumably other tenants of the host) two medians may come from rounds of different
+speeds. The top-1 / top-10 ratio comes from the two kernels alone, back to back in short batches. Both
+roller kernels are verified by the build and their outputs re-checked here against the numpy reference;
+a peer whose output differs from the reference is reported, not compared.
 
 Per case: times, ratio = best peer time / roller top-10 time (> 1: roller is faster), top-1 / top-10
 time, GFLOP/s and, for memory-bound cases (arithmetic intensity over all tensors below the device's
@@ -464,8 +465,8 @@ def main(argv=None) -> int:
     head = "\n".join(f"- {x}" for x in info) + (
         f"\n- ratio = best peer time / roller top-{args.topk} time (> 1: roller faster), the median of the ratios "
         f"of {args.rounds} alternating rounds (times: medians); top-1/top-{args.topk}: the median ratio of "
-        f"{PAIRED_ROUNDS} rounds of the two alone, back to back; suite ran {time.perf_counter() - t0:.0f} s; load average at the end "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        f"{PAIRED_ROUNDS} rounds of the two alone, back to back; suite ran {time.perf_counter() - t0:.0f} s; "
+        f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     text = f"# roller cliff suite\n\n{head}\n\n{table}\n\n{line}\n"
     (out_dir / "suite.md").write_text(text)
     write_csv(rows, out_dir / "suite.csv")
