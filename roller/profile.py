@@ -484,7 +484,7 @@ class Timing:
     rounds, the others' screen) and the candidate it chose."""
 
     seconds: dict[int, float]
-    best: int
+    best: int | None  # None when there was nothing to time
 
 
 def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
@@ -501,7 +501,7 @@ def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
     here, a GPU's in roller.gpu_profile."""
     screen = {i: t() for i, t in timers.items()}
     if not screen:
-        return Timing(screen, -1)
+        return Timing(screen, None)
     best = min(screen.values())
     close = sorted((i for i in screen if screen[i] <= best * FINALIST_RATIO), key=screen.get)[:FINALISTS]
     first = min(screen)  # the model's best-ranked plan that built and verified

@@ -34,20 +34,26 @@ SETTLE_SECONDS = 0.25  # pause before timing the next implementation (see time_a
 
 
 def time_rounds(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
-                repeats: int = 3, settle: float = SETTLE_SECONDS) -> dict[str, list[float]]:
+                repeats: int = 3, settle: float = SETTLE_SECONDS,
+                measure: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, list[float]]:
     """Seconds per call of each (name, fn) in each of ``rounds`` rounds, every implementation timed in turn
-    in each round (:func:`median_seconds`), this process; see :func:`time_alternately` for why."""
+    in each round, this process; see :func:`time_alternately` for why. ``measure(fn)`` times one (default:
+    :func:`median_seconds` with ``target`` and ``repeats``; the scripts pass a thread-CPU-time one)."""
+    if measure is None:
+        def measure(fn):
+            return median_seconds(fn, target, repeats)
     times: dict[str, list[float]] = {name: [] for name, _ in impls}
     for _ in range(rounds):
         for name, fn in impls:
             if settle:
                 time.sleep(settle)
-            times[name].append(median_seconds(fn, target, repeats))
+            times[name].append(measure(fn))
     return times
 
 
 def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
-                     repeats: int = 3, settle: float = SETTLE_SECONDS) -> dict[str, float]:
+                     repeats: int = 3, settle: float = SETTLE_SECONDS,
+                     measure: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, float]:
     """Median seconds per call of each (name, fn), timed in turn ``rounds`` times in this process.
 
     Alternating (rather than timing one implementation, then the next) exposes every implementation to
@@ -56,7 +62,7 @@ def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int
     (PyTorch's OpenMP, OpenBLAS, TVM's own pool) and steals the cores from whatever runs next: measured
     here, roller's conv2d 56x56x64 ran at 1.59 ms right after PyTorch's conv and 1.15 ms after a pause
     (and PyTorch with OMP_WAIT_POLICY=PASSIVE 2x slower, so the pause, not a passive policy, is fair)."""
-    times = time_rounds(impls, rounds, target, repeats, settle)
+    times = time_rounds(impls, rounds, target, repeats, settle, measure)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -34,7 +34,6 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, 
 
 import numpy as np  # noqa: E402
 
-from benchutil import SETTLE_SECONDS  # noqa: E402
 from roller.timing import paired_ratio, time_rounds  # noqa: E402
 
 
@@ -119,7 +118,8 @@ def bench(name: str, proto, args) -> dict:
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
         impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
     if threads == 1:  # everything runs on this thread: its CPU time leaves out the other jobs on the machine
-        rounds = _cpu_rounds(impls, args.rounds)
+        from model_breakdown import cpu_seconds
+        rounds = time_rounds(impls, rounds=args.rounds, measure=lambda fn: cpu_seconds(fn, 0.2))
     else:
         rounds = time_rounds(impls, rounds=args.rounds, target=0.05, repeats=3)
     times = {k: statistics.median(v) for k, v in rounds.items()}
@@ -141,19 +141,6 @@ def bench(name: str, proto, args) -> dict:
         row["tvm_latency_seconds"] = tv["latency_seconds"]
         row["tvm_matches"] = frontend.compare(tv["outputs"], reference)["matches"]
     return row
-
-
-def _cpu_rounds(impls, rounds: int) -> dict[str, list[float]]:
-    """Thread CPU seconds per call of each (name, fn) in each of ``rounds`` rounds, timed in turn after a
-    pause each (model_breakdown.cpu_seconds)."""
-    from model_breakdown import cpu_seconds
-
-    times: dict[str, list[float]] = {name: [] for name, _ in impls}
-    for _ in range(rounds):
-        for name, fn in impls:
-            time.sleep(SETTLE_SECONDS)
-            times[name].append(cpu_seconds(fn, 0.2))
-    return times
 
 
 def _ms(s):

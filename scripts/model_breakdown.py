@@ -287,15 +287,8 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     feeds = cm.random_inputs()
     sess = frontend.onnxruntime_session(proto, threads)
     impls = [("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))]
-    if one:
-        ends = {k: [] for k, _ in impls}
-        for _ in range(rounds):
-            for k, fn in impls:
-                time.sleep(SETTLE_SECONDS)
-                ends[k].append(cpu_seconds(fn, 0.1))
-        ends = {k: statistics.median(v) for k, v in ends.items()}
-    else:
-        ends = time_alternately(impls, rounds=rounds, target=0.1, repeats=1)
+    ends = time_alternately(impls, rounds=rounds, target=0.1, repeats=1,
+                            measure=(lambda fn: cpu_seconds(fn, 0.1)) if one else None)
     inside = in_model_us(cm, feeds, rounds, time.thread_time if one else time.perf_counter)
     for f in funcs:
         f["model_us"] = inside.get(f["name"])

@@ -184,8 +184,8 @@ def _paired(first: list[float], other: list[float]):
 
 
 def test_a_challenger_must_beat_the_first_plan_round_by_round_by_the_margin():
-    """The machine's speed moves by up to 1.6x within seconds (other tenants): the choice compares the two
-    plans within each round, where both saw the same speed, not their medians over all rounds."""
+    """The machine's speed moves by up to 1.6x within seconds (presumably other tenants): the choice compares
+    the two plans within each round, where both saw the same speed, not their medians over all rounds."""
     from roller import profile as prof
 
     assert prof.REPEATS == 5
@@ -273,3 +273,6 @@ def test_paired_ratio_cancels_the_speed_a_round_ran_at():
     rounds = time_rounds([("a", lambda: calls.append("a")), ("b", lambda: calls.append("b"))], rounds=3,
                          target=0.001, repeats=1, settle=0)
     assert [len(v) for v in rounds.values()] == [3, 3] and all(t > 0 for v in rounds.values() for t in v)
+    assert set(calls) == {"a", "b"}
+    cpu = time_rounds([("a", lambda: None)], rounds=2, settle=0, measure=lambda fn: 7.0)
+    assert cpu == {"a": [7.0, 7.0]}
