@@ -1,0 +1,83 @@
+"""The parallel grid taken in chunks from a ticket counter (roller.codegen.balance): every iteration runs
+exactly once, whatever the chunking, and codegen balances only plans predicted long enough."""
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from roller import ops
+from roller.analysis import analyze
+from roller.codegen import schedule
+from roller.codegen.balance import CHUNKS_PER_UNIT, MIN_SECONDS, balance_grid
+from roller.construct import construct
+from roller.device import load_device
+from roller.profile import _fill_sentinel
+from roller.tvmutil import compile_for, target_for
+
+
+@T.prim_func(s_tir=True)
+def _scaled(A: T.Buffer((37, 8), "float32"), C: T.Buffer((37, 8), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i in T.parallel(37):
+        for j in range(8):
+            with T.sblock("C"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj] * T.float32(2.0) + T.Cast("float32", vi)
+
+
+@T.prim_func(s_tir=True)
+def _serial(A: T.Buffer((37, 8), "float32"), C: T.Buffer((37, 8), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(37, 8):
+        with T.sblock("C"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            C[vi, vj] = A[vi, vj] * T.float32(2.0)
+
+
+def _run(func, a):
+    ex = compile_for(tvm.IRModule({"main": func}), target_for(load_device("x86-avx512", calibrated=False)))
+    out = tvm.runtime.tensor(_fill_sentinel(np.empty_like(a)))
+    ex["main"](tvm.runtime.tensor(a), out)
+    return ex, out
+
+
+@pytest.mark.parametrize("units", [2, 3])
+def test_every_grid_iteration_runs_once_from_the_tickets(units):
+    balanced = balance_grid(_scaled, units)
+    text = balanced.script()
+    assert "pthread_spin_lock" in text and f"T.parallel({units})" in text and "T.parallel(37)" not in text
+    # 37 iterations in chunks of 37 // (units * CHUNKS_PER_UNIT): 2 (a short last chunk, cut by a min) or 1
+    assert ("T.min(" in text) == (37 % max(1, 37 // (units * CHUNKS_PER_UNIT)) != 0)
+    a = np.random.default_rng(0).standard_normal((37, 8)).astype("float32")
+    want = a * 2 + np.arange(37, dtype="float32")[:, None]
+    ex, out = _run(balanced, a)
+    for _ in range(50):  # many calls: a lost or doubled ticket shows as a wrong or unwritten row
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+        out.copyfrom(_fill_sentinel(np.empty_like(a)))
+        ex["main"](tvm.runtime.tensor(a), out)
+
+
+def test_nothing_to_balance_comes_back_unchanged():
+    assert balance_grid(_serial, 2).same_as(_serial)
+    assert balance_grid(_scaled, 1).same_as(_scaled)  # one core: nothing to balance
+    assert balance_grid(_scaled, 40).same_as(_scaled)  # fewer iterations than cores
+
+
+def test_codegen_balances_only_plans_predicted_long_enough():
+    device = load_device("x86-avx512", calibrated=False)
+    spec = ops.OPS["matmul"]
+    shape = spec.full_shape({"M": 96, "N": 160, "K": 64})
+    an = analyze(spec.make(shape))
+    plan = construct(an.expr, device, topk=1).programs[0]
+    ins = spec.inputs(shape)
+    ref = spec.reference(ins, shape)
+    for seconds, balanced in ((MIN_SECONDS * 2, True), (MIN_SECONDS / 2, False)):
+        prog = dataclasses.replace(plan, predicted_seconds=seconds)
+        func = schedule(an.func, an.expr, prog, device).mod["main"]
+        assert ("pthread_spin_lock" in func.script()) == balanced
+        ex = compile_for(tvm.IRModule({"main": func}), target_for(device))
+        out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+        ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
