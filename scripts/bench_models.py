@@ -106,6 +106,15 @@ def bench(name: str, proto, args) -> dict:
         cu = roller.compile_model(proto, dev, name=name, prepack=False)
         row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference)["matches"]
         impls.append(("roller_unpacked", cu.run_fn(feeds)))
+    if args.ab_balance:  # the same plans' kernels with TVM's fixed split of the grid (in-process, uncached)
+        from roller.codegen import balance
+        balance.ENABLED = False
+        try:
+            cs = roller.compile_model(proto, dev, name=name, cache=False)
+        finally:
+            balance.ENABLED = True
+        row["static_matches"] = frontend.compare(cs.run(feeds), reference)["matches"]
+        impls.append(("roller_static", cs.run_fn(feeds)))
     if args.profile:
         cp = roller.compile_model(proto, dev, name=name, profile=True, topk=args.topk)
         row["profiled_compile_seconds"] = cp.compile_seconds
@@ -135,6 +144,9 @@ def bench(name: str, proto, args) -> dict:
         row["profiled_latency_seconds"] = times["roller_profiled"]
     if args.ab_prepack:
         row["unpacked_latency_seconds"] = times["roller_unpacked"]
+    if args.ab_balance:
+        row["static_latency_seconds"] = times["roller_static"]
+        row["static_over_roller"] = paired_ratio(rounds["roller_static"], rounds["roller"])
     if args.tvm_runs > 0:
         tv = _tvm_default(proto, cm.inputs, target_for(dev), args.tvm_runs, feeds)
         row["tvm_compile_seconds"] = tv["compile_seconds"]
@@ -178,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column even if torch imports")
     p.add_argument("--ab-prepack", action="store_true",
                    help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
+    p.add_argument("--ab-balance", action="store_true",
+                   help="also time roller with TVM's fixed split of each parallel grid (roller.codegen.balance off)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for roller and onnxruntime (default: the device's cores); with 1 the latencies are "
                         "this thread's CPU time per run, steadier on a shared machine")
@@ -200,6 +214,11 @@ def main(argv=None) -> int:
             r = rows[-1]
             print(f"{n}: prepacked {_ms(r['latency_seconds'])} ms, unpacked {_ms(r['unpacked_latency_seconds'])} ms "
                   f"(matches: {r['unpacked_matches']}), load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        if args.ab_balance:
+            r = rows[-1]
+            print(f"{n}: balanced grid {_ms(r['latency_seconds'])} ms, fixed split {_ms(r['static_latency_seconds'])} ms "
+                  f"(paired fixed / balanced {r['static_over_roller']:.3f}; matches: {r['static_matches']})",
+                  file=sys.stderr)
     text = table(rows)
     threads = os.environ.get("TVM_NUM_THREADS")
     print(text)

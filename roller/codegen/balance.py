@@ -1,54 +1,62 @@
 """Dynamic scheduling of a CPU kernel's parallel grid: the cores take chunks of the grid from a shared
-ticket counter, as OpenMP's ``schedule(dynamic)`` does, instead of TVM's fixed split.
+counter, as OpenMP's ``schedule(guided)`` does, instead of TVM's fixed split.
 
 TVM's ``parallel`` loop gives each core one contiguous share of the grid, so the kernel takes as long as
 its slowest core. On a shared machine the cores do not run at one speed: on this project's VMs one
 vCPU ran 1.5x slower than the other for seconds at a time (a co-tenant on its host core; measured with a
 one-thread matmul pinned to each vCPU), and a two-core matmul with a fixed split then ran 1.5x slower,
-where PyTorch's (which balances) ran 1.2x slower. With tickets the fast core takes the slow one's share.
+where PyTorch's (which balances) ran 1.2x slower. Taking chunks, the fast core takes the slow one's share.
 
-The transformed loop nest (``G`` grid iterations in ``C`` chunks, ``U`` cores)::
+Chunks are guided: each is the rest of the grid over ``GUIDED_SHARE * U`` (at least one iteration), so
+a core walks long contiguous runs first, as under the fixed split (the next tile it prefetches,
+``prefetch.py``, is its own), and short ones at the end, where they even out the cores. Handing out
+single tiles in turn made ResNet-50 and BERT 5% slower than the fixed split. The loop nest (``G`` grid
+iterations, ``U`` cores)::
 
     pthread_spin_init(&lock)  next = 0
     for t in parallel(U):                   # one task per core
-        mine = take()                       # lock; mine = next; next += 1; unlock
-        for c in range(C):                  # tickets rise, so each task meets its own in order
-            if c == mine:
-                for g in chunk c: body(g)   # the grid loop's own variable: the body is unchanged
-                mine = take()
+        take()                              # lock; [start, end) = [next, next + guided size); next = end; unlock
+        for g in range(G):                  # the grid loop's own variable: its body is unchanged
+            if start <= g < end:            # chunks rise, so each task meets its own in order
+                body(g)
+                if g + 1 == end: take()
 
 The lock is glibc's spin lock (``pthread_spin_*``, resolved from the C library when the kernel loads);
-each take costs tens of nanoseconds, paid ``C + U`` times a call, so kernels predicted shorter than
-``MIN_SECONDS`` keep the fixed split.
+a take costs tens of nanoseconds, so kernels predicted shorter than ``MIN_SECONDS`` keep the fixed split.
 """
 from __future__ import annotations
 
-CHUNKS_PER_UNIT = 8  # tickets per core: a late core leaves at most ~1/8 of its share to the others
+GUIDED_SHARE = 2  # a chunk is the rest of the grid / (GUIDED_SHARE * cores), at least one iteration
 MIN_SECONDS = 50e-6  # below this the takes (and the lock's cache line moving between cores) would show
+ENABLED = True       # False: TVM's fixed split everywhere (for A/B timing: scripts/bench_models.py --ab-balance)
 
 
-def _take(lock, mine):
-    """lock; mine = next; next = mine + 1; unlock."""
+def _take(lock, mine, extent: int, units: int):
+    """lock; mine = [next, next + guided size); next = mine's end; unlock (positions in the grid)."""
     from tvm import tirx as tir
 
     address = tir.address_of(tir.BufferLoad(lock, [0]))
+    start = tir.BufferLoad(mine, [0])
+    size = tir.Max(tir.IntImm("int32", 1), tir.FloorDiv(tir.IntImm("int32", extent) - start,
+                                                        tir.IntImm("int32", GUIDED_SHARE * units)))
     return tir.SeqStmt([
         tir.Evaluate(tir.call_extern("int32", "pthread_spin_lock", address)),
         tir.BufferStore(mine, tir.BufferLoad(lock, [1]), [0]),
-        tir.BufferStore(lock, tir.BufferLoad(mine, [0]) + 1, [1]),
+        tir.BufferStore(mine, tir.Min(tir.IntImm("int32", extent), start + size), [1]),
+        tir.BufferStore(lock, tir.BufferLoad(mine, [1]), [1]),
         tir.Evaluate(tir.call_extern("int32", "pthread_spin_unlock", address)),
     ])
 
 
 def balance_grid(func, units: int):
     """``func`` (a scheduled PrimFunc) with each parallel loop of more than ``units`` iterations taken in
-    chunks from a ticket counter of its own by ``units`` tasks (see the module docstring): the loops at the top of its
-    root block, where roller's schedules put them. ``func`` itself when it has none."""
+    guided chunks from a counter of its own by ``units`` tasks (see the module docstring): the loops at the
+    top of its root block, where roller's schedules put them. ``func`` itself when it has none."""
     from tvm import tirx as tir
 
     realize = func.body
     root = getattr(realize, "block", None)
-    if root is None or units < 2:
+    if not ENABLED or root is None or units < 2:
         return func
     locks = []
 
@@ -57,27 +65,26 @@ def balance_grid(func, units: int):
             return None
         if not isinstance(stmt.extent, tir.IntImm) or stmt.extent.value <= units:
             return None
-        # [0]: the spin lock's word, [1]: the next ticket
-        lock = tir.decl_buffer((2,), "int32", f"grid_tickets{len(locks)}")
+        # [0]: the spin lock's word, [1]: the grid position the next chunk starts at
+        lock = tir.decl_buffer((2,), "int32", f"grid_next{len(locks)}")
         locks.append(lock)
         extent = stmt.extent.value
-        size = max(1, extent // (units * CHUNKS_PER_UNIT))
-        chunks = -(-extent // size)
-        mine = tir.decl_buffer((1,), "int32", "grid_ticket", scope="local")
-        c = tir.Var("chunk", "int32")
-        first = stmt.min + c * size
-        span = tir.Min(tir.IntImm("int32", size), stmt.min + extent - first) if extent % size else size
-        grid = tir.For(stmt.loop_var, first, span, tir.ForKind.SERIAL, stmt.body)
-        walk = tir.For(c, 0, chunks, tir.ForKind.SERIAL,
-                       tir.IfThenElse(tir.EQ(c, tir.BufferLoad(mine, [0])), tir.SeqStmt([grid, _take(lock, mine)]),
-                                      None))
-        task = tir.Var("task", "int32")
-        body = tir.SeqStmt([tir.AllocBuffer(mine), _take(lock, mine), walk])
+        mine = tir.decl_buffer((2,), "int32", "grid_chunk", scope="local")  # this task's chunk [start, end)
+        dtype = str(stmt.loop_var.ty)  # the loop variable's: int64 in functions from Relax
+        take = _take(lock, mine, extent, units)
+        at = stmt.loop_var - stmt.min
+        start, end = (tir.Cast(dtype, tir.BufferLoad(mine, [i])) for i in (0, 1))
+        body = tir.IfThenElse(tir.And(tir.LE(start, at), tir.LT(at, end)),
+                              tir.SeqStmt([stmt.body, tir.IfThenElse(tir.EQ(at + tir.IntImm(dtype, 1), end), take,
+                                                                     None)]), None)
+        walk = tir.For(stmt.loop_var, stmt.min, stmt.extent, tir.ForKind.SERIAL, body)
+        task = tir.Var("task", dtype)
         return tir.SeqStmt([
             tir.Evaluate(tir.call_extern("int32", "pthread_spin_init", tir.address_of(tir.BufferLoad(lock, [0])),
                                          0)),
             tir.BufferStore(lock, tir.IntImm("int32", 0), [1]),
-            tir.For(task, 0, units, tir.ForKind.PARALLEL, body),
+            tir.For(task, tir.IntImm(dtype, 0), tir.IntImm(dtype, units), tir.ForKind.PARALLEL,
+                    tir.SeqStmt([tir.AllocBuffer(mine), take, walk])),
         ])
 
     top = list(root.body.seq) if isinstance(root.body, tir.SeqStmt) else [root.body]
