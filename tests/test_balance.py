@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 from roller import ops
 from roller.analysis import analyze
 from roller.codegen import schedule
-from roller.codegen.balance import MIN_SECONDS, balance_grid
+from roller.codegen.balance import MIN_SECONDS, balance_grid, worth_balancing
 from roller.construct import construct
 from roller.device import load_device
 from roller.profile import _fill_sentinel
@@ -76,6 +76,17 @@ def test_nothing_to_balance_comes_back_unchanged():
     assert balance_grid(_scaled, 40).same_as(_scaled)  # fewer iterations than cores
 
 
+def test_memory_bound_operators_keep_the_fixed_split():
+    # each core's part of the tensors stays in its own L2 between calls only under the fixed split
+    device = load_device("x86-avx512", calibrated=False)
+    spec = ops.OPS["add_relu"]
+    shape = spec.full_shape({"M": 100, "N": 3001})
+    an = analyze(spec.make(shape))
+    plan = dataclasses.replace(construct(an.expr, device, topk=1).programs[0], predicted_seconds=MIN_SECONDS * 10)
+    assert not worth_balancing(an.expr, plan, device)
+    assert "pthread_spin_lock" not in schedule(an.func, an.expr, plan, device).mod["main"].script()
+
+
 def test_codegen_balances_only_plans_predicted_long_enough():
     device = load_device("x86-avx512", calibrated=False)
     spec = ops.OPS["matmul"]
@@ -86,6 +97,7 @@ def test_codegen_balances_only_plans_predicted_long_enough():
     ref = spec.reference(ins, shape)
     for seconds, balanced in ((MIN_SECONDS * 2, True), (MIN_SECONDS / 2, False)):
         prog = dataclasses.replace(plan, predicted_seconds=seconds)
+        assert worth_balancing(an.expr, prog, device) == balanced  # a matmul: compute-bound
         func = schedule(an.func, an.expr, prog, device).mod["main"]
         assert ("pthread_spin_lock" in func.script()) == balanced
         ex = compile_for(tvm.IRModule({"main": func}), target_for(device))

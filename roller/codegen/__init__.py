@@ -19,15 +19,16 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
     Where the plan pads (``program.padded``), the main block is first padded to whole tiles
     (``padding.pad_to_tiles``): the schedule then computes zero-padded copies of the inputs and crops
     the output instead of predicating the inner loops. The cores take the parallel grid's chunks from a
-    ticket counter (``balance.balance_grid``) where the plan is predicted to run long enough for it to
-    pay. Optional steps that did not apply are appended to ``notes``.
+    shared counter (``balance.balance_grid``) where the plan is compute-bound and predicted to run long
+    enough for it to pay (``balance.worth_balancing``). Optional steps that did not apply are appended
+    to ``notes``.
     """
     if device.kind == "cpu":
         from ..rtile import compute_lanes
         from tvm import IRModule
         from tvm.s_tir import Schedule
 
-        from .balance import MIN_SECONDS, balance_grid
+        from .balance import balance_grid, worth_balancing
         from .cpu import schedule_cpu
         from .padding import pad_to_tiles
 
@@ -36,7 +37,7 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
             padded = pad_to_tiles(func, expr, program, compute_lanes(expr, device))
             func, expr, program, root = padded.func, padded.expr, padded.program, padded.root_copies
         sch = schedule_cpu(func, expr, program, device, root, notes)
-        if not program.predicted_seconds >= MIN_SECONDS:  # also NaN: a plan the model did not time
+        if not worth_balancing(expr, program, device):
             return sch
         balanced = balance_grid(sch.mod["main"], device.units.count)
         return sch if balanced.same_as(sch.mod["main"]) else Schedule(IRModule({"main": balanced}))
