@@ -1,53 +1,81 @@
-"""Dynamic scheduling of a CPU kernel's parallel grid: the cores take chunks of the grid from a shared
-counter, as OpenMP's ``schedule(guided)`` does, instead of TVM's fixed split.
+"""Load balancing of a CPU kernel's parallel grid: each core walks its own share of the grid, as under
+TVM's fixed split, and a core that finishes early takes the last part of another's share.
 
 TVM's ``parallel`` loop gives each core one contiguous share of the grid, so the kernel takes as long as
 its slowest core. On a shared machine the cores do not run at one speed: on this project's VMs one
 vCPU ran 1.5x slower than the other for seconds at a time (a co-tenant on its host core; measured with a
 one-thread matmul pinned to each vCPU), and a two-core matmul with a fixed split then ran 1.5x slower,
-where PyTorch's (which balances) ran 1.2x slower. Taking chunks, the fast core takes the slow one's share.
+where PyTorch's (which balances) ran 1.2x slower.
 
-Chunks are guided: each is the rest of the grid over ``GUIDED_SHARE * U`` (at least one iteration), so
-a core walks long contiguous runs first, as under the fixed split (the next tile it prefetches,
-``prefetch.py``, is its own), and short ones at the end, where they even out the cores. Handing out
-single tiles in turn made ResNet-50 and BERT 5% slower than the fixed split. The loop nest (``G`` grid
-iterations, ``U`` cores)::
+Each core keeps its fixed share while the cores run at one speed: it finds its part of the tensors in
+its own caches at the next call (and the next kernel's), as the model assumes, and it prefetches its own
+next tile (``prefetch.py``). Cores that took the grid in turn instead (guided chunks from one counter)
+ran ResNet-50 3-5% slower than the fixed split. A core claims its share in chunks from the front (a
+quarter of what is left, at least one tile); when its share is done it steals half of what is left of
+the fullest other share, from the back. The state is ``[lock, lo_0, hi_0, lo_1, hi_1, ...]`` (share
+``u`` is ``[lo_u, hi_u)``), under glibc's spin lock (``pthread_spin_*``, resolved from the C library
+when the kernel loads)::
 
-    pthread_spin_init(&lock)  next = 0
     for t in parallel(U):                   # one task per core
-        take()                              # lock; [start, end) = [next, next + guided size); next = end; unlock
-        for g in range(G):                  # the grid loop's own variable: its body is unchanged
-            if start <= g < end:            # chunks rise, so each task meets its own in order
-                body(g)
-                if g + 1 == end: take()
+        take()                              # lock; [start, end) = own front chunk or a stolen back; unlock
+        while start < G:
+            for g in range(G):              # the grid loop's own variable: its body is unchanged
+                if start <= g < end:        # (a stolen chunk may lie behind: the while walks again)
+                    body(g)
+                    if g + 1 == end: take()
 
-The lock is glibc's spin lock (``pthread_spin_*``, resolved from the C library when the kernel loads);
-a take costs tens of nanoseconds, so kernels predicted shorter than ``MIN_SECONDS`` keep the fixed split.
-So do memory-bound operators (:func:`worth_balancing`): the fixed split gives a core the same part of
-the tensors at every call, which then stays in its own L2 (the model counts on it: ``model.data_source``),
-and chunks taken in turn lose that (warm, 2 cores: add_relu on 100x3001 43 -> 105 us, a 3x3 max pool
-on 112x112x64 59 -> 83 us).
+A take costs tens of nanoseconds, so kernels predicted shorter than ``MIN_SECONDS`` keep the fixed
+split, and so do memory-bound operators (:func:`worth_balancing`), whose time is their data's: a core
+stealing another's tiles reads that core's part from its L2 or from L3, not its own.
 """
 from __future__ import annotations
 
-GUIDED_SHARE = 2  # a chunk is the rest of the grid / (GUIDED_SHARE * cores), at least one iteration
+OWN_SHARE = 4       # a core claims a quarter of what is left of its own share at a time (at least one tile)
 MIN_SECONDS = 50e-6  # below this the takes (and the lock's cache line moving between cores) would show
 ENABLED = True       # False: TVM's fixed split everywhere (for A/B timing: scripts/bench_models.py --ab-balance)
 
 
-def _take(lock, mine, extent: int, units: int):
-    """lock; mine = [next, next + guided size); next = mine's end; unlock (positions in the grid)."""
+def _take(state, mine, pick, task, units: int, extent: int):
+    """Under the lock: ``mine`` = the next chunk [start, end) of this task's own share, or else half of
+    what is left of the fullest other share, from its back, or else [extent, extent) (all taken)."""
     from tvm import tirx as tir
 
-    address = tir.address_of(tir.BufferLoad(lock, [0]))
-    start = tir.BufferLoad(mine, [0])
-    size = tir.Max(tir.IntImm("int32", 1), tir.FloorDiv(tir.IntImm("int32", extent) - start,
-                                                        tir.IntImm("int32", GUIDED_SHARE * units)))
+    def i32(v):
+        return tir.IntImm("int32", v)
+
+    def load(buf, i):
+        return tir.BufferLoad(buf, [i])
+
+    task = tir.Cast("int32", task)
+    lo, hi = i32(1) + task * 2, i32(2) + task * 2
+    own = tir.SeqStmt([
+        tir.BufferStore(mine, load(state, lo), [0]),
+        tir.BufferStore(mine, load(mine, 0) + tir.Max(i32(1), tir.FloorDiv(load(state, hi) - load(mine, 0),
+                                                                            i32(OWN_SHARE))), [1]),
+        tir.BufferStore(state, load(mine, 1), [lo]),
+    ])
+    u = tir.Var("u", "int32")
+    left = load(state, i32(2) + u * 2) - load(state, i32(1) + u * 2)
+    victim_hi = i32(2) + load(pick, 0) * 2
+    steal = tir.SeqStmt([
+        tir.BufferStore(pick, i32(0), [0]),
+        tir.BufferStore(pick, i32(0), [1]),
+        tir.For(u, i32(0), i32(units), tir.ForKind.SERIAL, tir.IfThenElse(
+            tir.GT(left, load(pick, 1)), tir.SeqStmt([tir.BufferStore(pick, u, [0]), tir.BufferStore(pick, left, [1])]),
+            None)),
+        tir.IfThenElse(
+            tir.GT(load(pick, 1), i32(0)),
+            tir.SeqStmt([
+                tir.BufferStore(mine, load(state, victim_hi), [1]),
+                tir.BufferStore(mine, load(mine, 1) - tir.Max(i32(1), tir.FloorDiv(load(pick, 1), i32(2))), [0]),
+                tir.BufferStore(state, load(mine, 0), [victim_hi]),
+            ]),
+            tir.SeqStmt([tir.BufferStore(mine, i32(extent), [0]), tir.BufferStore(mine, i32(extent), [1])])),
+    ])
+    address = tir.address_of(load(state, 0))
     return tir.SeqStmt([
         tir.Evaluate(tir.call_extern("int32", "pthread_spin_lock", address)),
-        tir.BufferStore(mine, tir.BufferLoad(lock, [1]), [0]),
-        tir.BufferStore(mine, tir.Min(tir.IntImm("int32", extent), start + size), [1]),
-        tir.BufferStore(lock, tir.BufferLoad(mine, [1]), [1]),
+        tir.IfThenElse(tir.LT(load(state, lo), load(state, hi)), own, steal),
         tir.Evaluate(tir.call_extern("int32", "pthread_spin_unlock", address)),
     ])
 
@@ -68,51 +96,58 @@ def worth_balancing(expr, program, device) -> bool:
 
 
 def balance_grid(func, units: int):
-    """``func`` (a scheduled PrimFunc) with each parallel loop of more than ``units`` iterations taken in
-    guided chunks from a counter of its own by ``units`` tasks (see the module docstring): the loops at the
-    top of its root block, where roller's schedules put them. ``func`` itself when it has none."""
+    """``func`` (a scheduled PrimFunc) with each parallel loop of more than ``units`` iterations run by
+    ``units`` tasks that walk their own shares and steal from each other's (see the module docstring):
+    the loops at the top of its root block, where roller's schedules put them. ``func`` itself when it
+    has none."""
     from tvm import tirx as tir
 
     realize = func.body
     root = getattr(realize, "block", None)
     if not ENABLED or root is None or units < 2:
         return func
-    locks = []
+    states = []
 
     def rewrite(stmt):
         if not isinstance(stmt, tir.For) or stmt.kind != tir.ForKind.PARALLEL:
             return None
         if not isinstance(stmt.extent, tir.IntImm) or stmt.extent.value <= units:
             return None
-        # [0]: the spin lock's word, [1]: the grid position the next chunk starts at
-        lock = tir.decl_buffer((2,), "int32", f"grid_next{len(locks)}")
-        locks.append(lock)
         extent = stmt.extent.value
+        state = tir.decl_buffer((1 + 2 * units,), "int32", f"grid_shares{len(states)}")  # lock, [lo, hi) a core
+        states.append(state)
         mine = tir.decl_buffer((2,), "int32", "grid_chunk", scope="local")  # this task's chunk [start, end)
+        pick = tir.decl_buffer((2,), "int32", "grid_victim", scope="local")  # the fullest share: index, left
         dtype = str(stmt.loop_var.ty)  # the loop variable's: int64 in functions from Relax
-        take = _take(lock, mine, extent, units)
+        task = tir.Var("task", dtype)
+        def take():  # a statement of its own at each use: its victim loop's variable is defined once
+            return _take(state, mine, pick, task, units, extent)
+
         at = stmt.loop_var - stmt.min
         start, end = (tir.Cast(dtype, tir.BufferLoad(mine, [i])) for i in (0, 1))
         body = tir.IfThenElse(tir.And(tir.LE(start, at), tir.LT(at, end)),
-                              tir.SeqStmt([stmt.body, tir.IfThenElse(tir.EQ(at + tir.IntImm(dtype, 1), end), take,
+                              tir.SeqStmt([stmt.body, tir.IfThenElse(tir.EQ(at + tir.IntImm(dtype, 1), end), take(),
                                                                      None)]), None)
-        walk = tir.For(stmt.loop_var, stmt.min, stmt.extent, tir.ForKind.SERIAL, body)
-        task = tir.Var("task", dtype)
-        return tir.SeqStmt([
-            tir.Evaluate(tir.call_extern("int32", "pthread_spin_init", tir.address_of(tir.BufferLoad(lock, [0])),
-                                         0)),
-            tir.BufferStore(lock, tir.IntImm("int32", 0), [1]),
+        walk = tir.While(tir.LT(tir.BufferLoad(mine, [0]), tir.IntImm("int32", extent)),
+                         tir.For(stmt.loop_var, stmt.min, stmt.extent, tir.ForKind.SERIAL, body))
+        # the fixed split's shares: [u * G // U, (u + 1) * G // U)
+        init = [tir.Evaluate(tir.call_extern("int32", "pthread_spin_init", tir.address_of(tir.BufferLoad(state, [0])),
+                                             0))]
+        for u in range(units):
+            init += [tir.BufferStore(state, tir.IntImm("int32", u * extent // units), [1 + 2 * u]),
+                     tir.BufferStore(state, tir.IntImm("int32", (u + 1) * extent // units), [2 + 2 * u])]
+        return tir.SeqStmt(init + [
             tir.For(task, tir.IntImm(dtype, 0), tir.IntImm(dtype, units), tir.ForKind.PARALLEL,
-                    tir.SeqStmt([tir.AllocBuffer(mine), take, walk])),
+                    tir.SeqStmt([tir.AllocBuffer(mine), tir.AllocBuffer(pick), take(), walk])),
         ])
 
     top = list(root.body.seq) if isinstance(root.body, tir.SeqStmt) else [root.body]
     new = [rewrite(stmt) or stmt for stmt in top]  # roller's schedules put their parallel loops at the top
     body = tir.SeqStmt(new) if len(new) > 1 else new[0]
-    if not locks:
+    if not states:
         return func
     from tvm import s_tir
 
     block = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
-                         list(root.alloc_buffers) + locks, root.match_buffers, root.annotations)
+                         list(root.alloc_buffers) + states, root.match_buffers, root.annotations)
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
