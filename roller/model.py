@@ -279,13 +279,25 @@ def rank(items: Sequence, seconds, memory_seconds) -> list:
 RESIDENT_SHARE = 0.9
 
 
+def tensor_bytes(expr: Expr) -> int:
+    """Bytes of all the operator's tensors (inputs and output)."""
+    return sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
+
+
+def memory_bound(expr: Expr, device: Device) -> bool:
+    """Whether the operator does fewer flops per byte of its tensors than the device's cores can per byte
+    from the level its data lives in between calls (:func:`data_source`)."""
+    peak = device.units.peak(expr.dtype) * device.units.count
+    return expr.flops / tensor_bytes(expr) < peak / data_source(expr, device).total_bandwidth_gbps
+
+
 def data_source(expr: Expr, device: Device) -> MemoryLevel:
     """The level the operator's data lives in between calls: on a CPU its own outermost private cache
     when each unit's share of all tensors fits in RESIDENT_SHARE of one (a kernel called again on the
     same tensors, or on the output of the one before, finds them there: 400 KB of rows summed at 141
     GB/s, more than twice the 60 GB/s of the shared L3 the model assumed before), else the first shared
     level whose usable capacity holds them all."""
-    total = sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
+    total = tensor_bytes(expr)
     private = device.private_levels
     resident = private[-1].capacity_bytes * device.units.count * RESIDENT_SHARE if private else 0
     if device.kind == "cpu" and total <= resident:

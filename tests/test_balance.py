@@ -1,5 +1,6 @@
-"""The parallel grid taken in chunks from a ticket counter (roller.codegen.balance): every iteration runs
-exactly once, whatever the chunking, and codegen balances only plans predicted long enough."""
+"""The parallel grid balanced across the cores (roller.codegen.balance: own shares, stolen from when a core
+is done): every iteration runs exactly once, and codegen balances only compute-bound plans predicted
+long enough."""
 import dataclasses
 import re
 
@@ -55,7 +56,7 @@ def _run(func, a):
 
 
 @pytest.mark.parametrize("units, func", [(2, _scaled), (3, _scaled), (5, _scaled), (2, _scaled64)])
-def test_every_grid_iteration_runs_once_from_the_tickets(units, func):
+def test_every_grid_iteration_runs_once_from_the_shares(units, func):
     # _scaled64: loop variables of int64, as in the functions Relax makes. With more tasks than the pool's
     # threads, the first tasks run before the others start and steal from their untouched shares
     balanced = balance_grid(func, units)
@@ -65,7 +66,7 @@ def test_every_grid_iteration_runs_once_from_the_tickets(units, func):
     a = np.random.default_rng(0).standard_normal((37, 8)).astype("float32")
     want = a * 2 + np.arange(37, dtype="float32")[:, None]
     ex, out = _run(balanced, a)
-    for _ in range(50):  # many calls: a lost or doubled ticket shows as a wrong or unwritten row
+    for _ in range(50):  # many calls: a lost or doubled chunk shows as a wrong or unwritten row
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
         out.copyfrom(_fill_sentinel(np.empty_like(a)))
         ex["main"](tvm.runtime.tensor(a), out)

@@ -18,9 +18,9 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
 
     Where the plan pads (``program.padded``), the main block is first padded to whole tiles
     (``padding.pad_to_tiles``): the schedule then computes zero-padded copies of the inputs and crops
-    the output instead of predicating the inner loops. The cores take the parallel grid's chunks from a
-    shared counter (``balance.balance_grid``) where the plan is compute-bound and predicted to run long
-    enough for it to pay (``balance.worth_balancing``). Optional steps that did not apply are appended
+    the output instead of predicating the inner loops. Each core walks its own share of the parallel grid and
+    steals from the others' when done (``balance.balance_grid``) where the plan is compute-bound and
+    predicted to run long enough for it to pay (``balance.worth_balancing``). Optional steps that did not apply are appended
     to ``notes``.
     """
     if device.kind == "cpu":

@@ -81,18 +81,13 @@ def _take(state, mine, pick, task, units: int, extent: int):
 
 
 def worth_balancing(expr, program, device) -> bool:
-    """Whether ``program``'s kernel takes its grid in chunks: predicted to run at least ``MIN_SECONDS``
-    and compute-bound (more flops per byte of all its tensors than the device's peak over the bandwidth
-    of the level they live in between calls)."""
-    import math
-
-    from ..model import data_source
+    """Whether ``program``'s kernel balances its grid: predicted to run at least ``MIN_SECONDS`` and
+    compute-bound (not ``model.memory_bound``)."""
+    from ..model import memory_bound
 
     if not ENABLED or not program.predicted_seconds >= MIN_SECONDS:  # also NaN: a plan the model did not time
         return False
-    nbytes = sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors)
-    peak = device.units.peak(expr.dtype) * device.units.count
-    return expr.flops / nbytes >= peak / data_source(expr, device).total_bandwidth_gbps
+    return not memory_bound(expr, device)
 
 
 def balance_grid(func, units: int):
@@ -104,7 +99,7 @@ def balance_grid(func, units: int):
 
     realize = func.body
     root = getattr(realize, "block", None)
-    if not ENABLED or root is None or units < 2:
+    if root is None or units < 2:
         return func
     states = []
 
@@ -120,6 +115,7 @@ def balance_grid(func, units: int):
         pick = tir.decl_buffer((2,), "int32", "grid_victim", scope="local")  # the fullest share: index, left
         dtype = str(stmt.loop_var.ty)  # the loop variable's: int64 in functions from Relax
         task = tir.Var("task", dtype)
+
         def take():  # a statement of its own at each use: its victim loop's variable is defined once
             return _take(state, mine, pick, task, units, extent)
 
