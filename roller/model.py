@@ -13,9 +13,9 @@ split between the active units), plus a fixed overhead per top tile. The plan co
 
 Beyond the paper's terms the model charges what the generated code does (``roller.tails``): flops of
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
-the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES),
-the lanes of partial sums folded one by one at the write-back (FOLD_CYCLES),
-predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
+the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
+or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
+one by one at the write-back (FOLD_CYCLES), predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
 reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
 plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
 top level (the calibrated small-transfer efficiency, ``short_row_bytes``), the misses of inputs read
@@ -81,17 +81,23 @@ def launch_seconds(device: Device, units: int) -> float:
     return PARALLEL_LAUNCH_CYCLES * cycle_seconds(device) if units > 1 else 0.0
 
 
-# Cycles one element of a transposed pack costs (tails.transposed_elements): the copy reads its source in
-# runs of a vector and writes one scalar per element (codegen/cpu._block_transpose), and it runs before the
-# tile's compute, not under it. Measured: a [1000, 2048] weight packed for a batch-32 fc layer added
-# 0.9 ms on 2 cores (2.0 vs 1.1 ms with the same tiles untransposed), ~3 cycles an element at 3.6 GHz.
+# Cycles one element of a transposed pack costs (tails.transposed_elements), where it is scattered: the
+# copy reads its source in runs of a vector and writes one scalar per element (codegen/cpu._block_transpose),
+# and it runs before the tile's compute, not under it. Measured: a [1000, 2048] weight packed for a batch-32
+# fc layer added 0.9 ms on 2 cores (2.0 vs 1.1 ms with the same tiles untransposed), ~3 cycles an element at
+# 3.6 GHz. In whole lanes x lanes blocks the copy is transposed in registers (codegen/transpose.py): BERT fc1
+# in the [N, K] layout (128 x 3072, K 768; top tiles 128 x 192 x 384), one thread, the same plan: 5481 us
+# scattered, 4663 in registers, 4242 with B prepacked (no copy): 420 us for 2.36 M elements, 0.37 cycles an
+# element at the calibrated 2.1 GHz (the scattered copy here: 1240 us, ~1.1).
 TRANSPOSE_CYCLES = 3.0
+REGISTER_TRANSPOSE_CYCLES = 0.4
 
 
 def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepacked: tuple[str, ...] = ()) -> float:
     """Seconds the transposed packs of one top tile (one step of its reduction) take, serial with its
     compute (none for inputs that arrive packed)."""
-    return transposed_elements(expr, top, prepacked) * TRANSPOSE_CYCLES * cycle_seconds(device)
+    scattered, shuffled = transposed_elements(expr, top, compute_lanes(expr, device), prepacked)
+    return (scattered * TRANSPOSE_CYCLES + shuffled * REGISTER_TRANSPOSE_CYCLES) * cycle_seconds(device)
 
 
 # Cycles per lane of partial sums folded into its output (a reduced vector axis): the write-back adds the

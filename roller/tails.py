@@ -268,10 +268,25 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     return total
 
 
-def transposed_elements(expr: Expr, top: Mapping[str, int], prepacked: tuple[str, ...] = ()) -> int:
+def transposed_elements(expr: Expr, top: Mapping[str, int], lanes: int,
+                        prepacked: tuple[str, ...] = ()) -> tuple[int, int]:
     """Elements one top tile copies into transposed packs (inputs the plan stores in another layout and
-    that do not arrive packed)."""
-    return sum(math.prod(t.region(top)) for t in expr.inputs if t.packed_order and t.name not in prepacked)
+    that do not arrive packed): (scattered, in registers). A pack goes in registers (``codegen.transpose``)
+    where it splits into whole ``lanes x lanes`` blocks: its run in the new layout and the source's
+    contiguous run both whole vectors, in tiles that divide the tensor (an overhanging tile's copy is
+    predicated, and scattered)."""
+    scattered = shuffled = 0
+    for t in expr.inputs:
+        if not t.packed_order or t.name in prepacked:
+            continue
+        region = t.region(top)
+        dims = (len(region) - 1, t.packed_order.index(len(region) - 1))  # the new run, the source's run
+        whole = all(region[d] % lanes == 0 and t.shape[d] % region[d] == 0 for d in dims)
+        if whole and lanes > 1 and lanes & (lanes - 1) == 0:
+            shuffled += math.prod(region)
+        else:
+            scattered += math.prod(region)
+    return scattered, shuffled
 
 
 def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,

@@ -36,6 +36,7 @@ from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
 from ..tails import rolled_reduce_axes, tiling_extents
 from .prefetch import prefetch_prepacked
+from .transpose import in_registers, mark as register_transpose
 from .schedutil import check_program as _check_program, fuse_axes as _fuse_axes
 from .schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
 from .schedutil import storage_pad as _storage_pad, try_step as _try
@@ -310,7 +311,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         blocks = {n: layout.block_elements() for n, layout in layouts.items()}
         sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
                                  notes)
-    return sch
+    func = in_registers(sch.mod["main"])
+    return sch if func.same_as(sch.mod["main"]) else tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
 
 
 def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -> dict:
@@ -404,12 +406,15 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
         src_outer, src_inner = sch.split(src_inner, [None, lanes])
     dst = own[-1]
     m = _loop_extent(sch, dst)
-    if src_outer is not None and m > lanes and m % lanes == 0:
-        # square blocks: lanes source rows at a time, not every row of the tile
-        dst_outer, dst = sch.split(dst, [None, lanes])
-        sch.reorder(dst_outer, src_outer, dst, src_inner)
-    else:
-        sch.reorder(dst, src_inner)
+    if n % lanes == 0 and m >= lanes and m % lanes == 0:
+        # square blocks: lanes source rows at a time, not every row of the tile; each transposed in
+        # registers (transpose.py; the model's tails.transposed_elements counts them apart)
+        dst_outer, dst = sch.split(dst, [None, lanes]) if m > lanes else (None, dst)
+        sch.reorder(*[lp for lp in (dst_outer, src_outer) if lp is not None], dst, src_inner)
+        sch.vectorize(src_inner)
+        register_transpose(sch, dst, lanes)
+        return True
+    sch.reorder(dst, src_inner)
     sch.vectorize(src_inner)
     return True
 

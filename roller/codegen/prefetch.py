@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .tirtree import is_const, path_to, rebuilt, substitution
+
 LINE_BYTES = 64      # a cache line
 LOCALITY = 2         # llvm.prefetch locality 2: prefetcht1, into L2 (a top tile's block outgrows L1)
 MAX_LINES_PER_ITERATION = 4  # lines prefetched an iteration of the loop that carries them, where loops allow
@@ -37,7 +39,7 @@ def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loop
     if not ENABLED or not blocks:
         return sch
     func = sch.mod["main"]
-    path = _path_to_block(func.body, block_name)
+    path = path_to(func.body, lambda s: isinstance(s, tvm.s_tir.SBlockRealize) and s.block.name_hint == block_name)
     if path is None:
         return sch
     par = next((i for i, s in enumerate(path) if isinstance(s, tvm.tirx.For)
@@ -65,7 +67,9 @@ def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loop
         return sch
     carrier = stmts[0][0]
     body = tvm.tirx.SeqStmt([s for c, s in stmts if c.same_as(carrier)] + [carrier.body])
-    new = _rebuilt(path, next(i for i, x in enumerate(path) if x.same_as(carrier)), body)
+    new = rebuilt(path, next(i for i, x in enumerate(path) if x.same_as(carrier)),
+                  tvm.tirx.For(carrier.loop_var, carrier.min, carrier.extent, carrier.kind, body,
+                               carrier.thread_binding, carrier.annotations, carrier.step, carrier.span))
     if new is None:
         notes.append("prefetch of the prepacked inputs not inserted: unexpected statement on the loop path")
         return sch
@@ -88,8 +92,8 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
         return None
     simplify = sym.Analyzer().simplify
     loop_vars = [units[0].loop_var] + [lp.loop_var for lp in loops]
-    at = _substitution(loop_vars, list(realize.iter_values))  # block iteration <- loop variables
-    first = _substitution([iv.var for iv in realize.block.iter_vars], [r.min for r in region.region])
+    at = substitution(loop_vars, list(realize.iter_values))  # block iteration <- loop variables
+    first = substitution([iv.var for iv in realize.block.iter_vars], [r.min for r in region.region])
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
 
     def flat(values):
@@ -110,7 +114,7 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
     # Only a block the top tile reads more than once (some loop walks on without moving in it): a
     # stream read once (a GEMV's weights) is the hardware prefetchers' case, and a second stream beside
     # it only competes for the bandwidth (GPT-2's GEMVs ran 8-40% slower).
-    if all(not _is_zero(simplify(flat(stepped(lp)) - flat(iteration))) for lp in walked):
+    if all(not is_const(simplify(flat(stepped(lp)) - flat(iteration)), 0) for lp in walked):
         return None
     # The loops that carry the prefetches: any but the innermost, each of whose iterations runs at least
     # MIN_CARRIER_POINTS of the block's iterations, so that the prefetches' own instructions (an address,
@@ -164,68 +168,3 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
     lines_loop = tirx.For(q, tirx.const(0, "int64"), tirx.const(k, "int64"), tirx.ForKind.SERIAL, one)
     body = tirx.SeqStmt([tirx.DeclBuffer(flat_view, data=buf.data), lines_loop])
     return carriers[depth - 1], tirx.IfThenElse(simplify(nxt != cur), body, None)
-
-
-def _is_zero(e) -> bool:
-    return hasattr(e, "value") and int(e.value) == 0
-
-
-def _substitution(inputs, outputs):
-    """The substitution ``inputs`` -> values as a TVM IndexMap (``map_indices``), TVM's Python API having
-    no expression substitution."""
-    from tvm.tirx import IndexMap
-
-    return IndexMap(inputs, outputs, None)
-
-
-def _path_to_block(stmt, name: str):
-    """The statements from ``stmt`` down to the SBlockRealize of the block ``name``, or None."""
-    import tvm
-
-    if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        if stmt.block.name_hint == name:
-            return [stmt]
-        sub = _path_to_block(stmt.block.body, name)
-        return None if sub is None else [stmt] + sub
-    for child in _children(stmt):
-        sub = _path_to_block(child, name)
-        if sub is not None:
-            return [stmt] + sub
-    return None
-
-
-def _children(stmt):
-    import tvm
-
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        return list(stmt.seq)
-    if isinstance(stmt, tvm.tirx.For):
-        return [stmt.body]
-    if isinstance(stmt, tvm.tirx.IfThenElse):
-        return [stmt.then_case] + ([stmt.else_case] if stmt.else_case is not None else [])
-    return []
-
-
-def _rebuilt(path, index: int, body):
-    """The first statement of ``path`` (statements from the root down) with the loop ``path[index]`` given
-    ``body`` and every statement above it rebuilt around its new child; None when one of them is of a
-    kind this does not rebuild."""
-    from tvm import s_tir, tirx
-
-    lp = path[index]
-    node = tirx.For(lp.loop_var, lp.min, lp.extent, lp.kind, body, lp.thread_binding, lp.annotations, lp.step,
-                    lp.span)
-    for stmt, old in zip(reversed(path[:index]), reversed(path[1:index + 1])):
-        if isinstance(stmt, tirx.For):
-            node = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, node, stmt.thread_binding,
-                            stmt.annotations, stmt.step, stmt.span)
-        elif isinstance(stmt, tirx.SeqStmt):
-            node = tirx.SeqStmt([node if c.same_as(old) else c for c in stmt.seq])
-        elif isinstance(stmt, s_tir.SBlockRealize):
-            b = stmt.block
-            node = s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, s_tir.SBlock(
-                list(b.iter_vars), list(b.reads), list(b.writes), b.name_hint, node, b.init, list(b.alloc_buffers),
-                list(b.match_buffers), b.annotations))
-        else:
-            return None
-    return node

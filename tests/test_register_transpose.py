@@ -1,0 +1,93 @@
+"""Transposed packs in registers (roller.codegen.transpose): the butterfly transposes, whole blocks of a
+linear layer's [N, K] weight are shuffled, an overhanging tile's copy stays scattered, and the model
+counts the two apart. Every kernel is checked against numpy."""
+import numpy as np
+import pytest
+
+from roller import ops
+from roller.api import analyze
+from roller.codegen import build, schedule, transpose
+from roller.construct import construct
+from roller.device import load_device
+from roller.profile import TOLERANCE
+from roller.rtile import layout_expr
+from roller.tails import transposed_elements
+
+DEV = load_device("x86-avx512")
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8, 16])
+def test_butterfly_transposes_a_square_block(lanes):
+    rows = [[(r, c) for c in range(lanes)] for r in range(lanes)]
+
+    def shuffle(a, b, idx):
+        both = a + b
+        return [both[i] for i in idx]
+
+    cols = transpose.butterfly(rows, lanes, shuffle)
+    assert cols == [[(r, c) for r in range(lanes)] for c in range(lanes)]
+
+
+def _nt_matmul(shape):
+    spec = ops.OPS["matmul"].with_options(layout="nt")
+    full = spec.full_shape(shape)
+    expr, func = analyze(spec.make(full))
+    arrays = spec.inputs(full, "float32", np.random.default_rng(3))
+    return spec, full, expr, func, arrays
+
+
+def _check(spec, full, expr, func, program, arrays):
+    import tvm
+
+    kernel = build(func, expr, program, DEV)["main"]
+    ref = spec.reference(arrays, full)
+    tensors = [tvm.runtime.tensor(a) for a in arrays] + [tvm.runtime.tensor(np.full(ref.shape, np.nan, "float32"))]
+    kernel(*tensors)
+    rtol, atol = TOLERANCE["float32"]
+    np.testing.assert_allclose(tensors[-1].numpy(), ref, rtol=rtol, atol=atol)
+
+
+def test_whole_blocks_of_a_transposed_pack_are_shuffled():
+    spec, full, expr, func, arrays = _nt_matmul(dict(M=64, N=256, K=512))
+    program = construct(expr, DEV, topk=1).programs[0]
+    assert program.layouts == {"B": (1, 0)}  # B [N, K] packed as [K, N] to vectorize n
+    scattered, shuffled = transposed_elements(layout_expr(expr, "n"), program.tiles[-1], 16)
+    assert scattered == 0 and shuffled > 0
+    script = schedule(func, expr, program, DEV).mod.script()
+    assert script.count("Shuffle") == 16 * 4  # 16 rows, 4 stages of one block
+    assert transpose.ANNOTATION not in script
+    _check(spec, full, expr, func, program, arrays)
+
+
+def test_an_overhanging_pack_stays_scattered_and_right():
+    spec, full, expr, func, arrays = _nt_matmul(dict(M=8, N=40, K=48))
+    program = construct(expr, DEV, topk=1).programs[0]
+    assert program.layouts == {"B": (1, 0)}
+    scattered, shuffled = transposed_elements(layout_expr(expr, "n"), program.tiles[-1], 16)
+    assert scattered > 0 and shuffled == 0
+    script = schedule(func, expr, program, DEV).mod.script()
+    assert "Shuffle" not in script and transpose.ANNOTATION not in script
+    _check(spec, full, expr, func, program, arrays)
+
+
+def test_disabled_leaves_the_scattered_copy(monkeypatch):
+    spec, full, expr, func, arrays = _nt_matmul(dict(M=64, N=256, K=512))
+    program = construct(expr, DEV, topk=1).programs[0]
+    monkeypatch.setattr(transpose, "ENABLED", False)
+    assert "Shuffle" not in schedule(func, expr, program, DEV).mod.script()
+    _check(spec, full, expr, func, program, arrays)
+
+
+def test_model_charges_register_transposes_at_their_own_rate(monkeypatch):
+    from roller import model
+
+    spec, full, expr, func, arrays = _nt_matmul(dict(M=64, N=256, K=512))
+    tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 16, "n": 32, "k": 64}, {"m": 32, "n": 128, "k": 512}]
+    laid = layout_expr(expr, "n")
+    with_copy = model.estimate(laid, tiles, DEV, "n")
+    cycles = model.REGISTER_TRANSPOSE_CYCLES
+    monkeypatch.setattr(model, "REGISTER_TRANSPOSE_CYCLES", 0.0)
+    monkeypatch.setattr(model, "TRANSPOSE_CYCLES", 0.0)
+    without = model.estimate(laid, tiles, DEV, "n")
+    per_tile = 128 * 512 * cycles * model.cycle_seconds(DEV)  # the top tile's [K, N] block of B, whole 16 x 16s
+    assert with_copy.seconds - without.seconds == pytest.approx(with_copy.waves * per_tile, rel=1e-6)
