@@ -261,6 +261,34 @@ def replicate_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> flo
     return elements * REPLICATE_CYCLES * cycle_seconds(device)
 
 
+# Cycles each element of a producer stage's copy costs (a convolution's zero padding, copied per top tile
+# where the plan does not inline it; not a stage folded into a pack), serial with the tile's compute: it
+# reads the window's rows behind the padding's bounds and writes the copy. Whole vectors where the copy's
+# rows are (its last dimension a multiple of the lanes: codegen vectorizes its inner loop), else one
+# element at a time. One process, the same plan staged and inlined: a 3x3 conv on 42x42x84 (84 channels,
+# scalar) in 6 top tiles copying the whole padded input each, 2 threads, 1454 -> 1266 us, 0.8 cycles an
+# element at 2.1 GHz; a depthwise 3x3 on 56x56x144 (vectors), one thread, 278 -> 195 and 318 -> 275 us for
+# 534 k elements, ~0.25 cycles (less the inlined plan's own costs, which the model puts at none there).
+# Before, the copies counted as traffic only (under the compute), and plans copying the same window for
+# every top tile of channels, or 5x wider windows than their tiles, ranked first (depthwise 5x5 on
+# 83x83x42 in one-pixel-wide tiles: 1175 us against 550, one thread).
+STAGE_COPY_CYCLES = 0.8
+STAGE_VECTOR_COPY_CYCLES = 0.25
+
+
+def stage_copy_seconds(expr: Expr, top: Mapping[str, int], device: Device, copied: Sequence[str]) -> float:
+    """Seconds the producer stages' copies of one top tile take (see STAGE_COPY_CYCLES): the inputs in
+    ``copied``, staged and neither inlined nor folded into a pack."""
+    lanes = compute_lanes(expr, device)
+    cycles = 0.0
+    for t in expr.inputs:
+        if t.name in copied and expr.repeat(t.name) == 1:  # a repeating stage: replicate_seconds
+            region = t.region(top)
+            vector = region[-1] >= lanes and region[-1] % lanes == 0
+            cycles += math.prod(region) * (STAGE_VECTOR_COPY_CYCLES if vector else STAGE_COPY_CYCLES)
+    return cycles * cycle_seconds(device)
+
+
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
@@ -295,6 +323,33 @@ def memory_bound(expr: Expr, device: Device) -> bool:
     from the level its data lives in between calls (:func:`data_source`)."""
     peak = device.units.peak(expr.dtype) * device.units.count
     return expr.flops / tensor_bytes(expr) < peak / data_source(expr, device).total_bandwidth_gbps
+
+
+# Kernels predicted shorter than this keep TVM's fixed split of the parallel grid (codegen/balance.py): a
+# take of the balanced grid costs tens of nanoseconds, and its lock's cache line moves between the cores.
+BALANCE_MIN_SECONDS = 50e-6
+
+
+def balances(expr: Expr, seconds: float, device: Device) -> bool:
+    """Whether the kernel of a plan predicted to run ``seconds`` (before ``imbalance_seconds``) balances its
+    grid across the units (codegen/balance.py): compute-bound operators predicted at least
+    BALANCE_MIN_SECONDS. Memory-bound ones keep the fixed split, their time being their data's."""
+    return seconds >= BALANCE_MIN_SECONDS and not memory_bound(expr, device)
+
+
+def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: int, device: Device) -> float:
+    """Seconds a compute-bound kernel waits for its slowest unit (``units.speed_spread``): a fixed split
+    waits for that unit's whole share, ``waves`` top tiles; a balanced grid (``balances``) for about one
+    tile, the others stealing the rest of its share. Measured (2 threads, one process, 15 alternated
+    rounds): a 3x3 conv on 56x56x64 in 14 top tiles ran 1005 us with the fixed split and 914 balanced; in
+    2 top tiles, one a core, 1051 and 1023 (the first plan, which the model ranked above the 14-tile one).
+    Memory-bound kernels are not charged: a core slowed by a co-tenant on its host core loses issue
+    slots, not its share of the bandwidth (not measured; they keep the fixed split either way, so the
+    charge would only scale every plan of theirs alike)."""
+    spread = device.units.speed_spread
+    if not spread or memory_bound(expr, device):
+        return 0.0
+    return spread * tile_seconds * (1 if balances(expr, seconds, device) else waves)
 
 
 def data_source(expr: Expr, device: Device) -> MemoryLevel:
@@ -476,9 +531,14 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              * total / spatial
              + transpose_seconds(expr, tiles[-1], device, prepacked) * total / spatial
              + replicate_seconds(expr, tiles[-1], device) * total / spatial
+             + stage_copy_seconds(expr, tiles[-1], device, [n for n in expr.staged
+                                                            if n not in inlined and n not in packed]) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
-    return Estimate(seconds=waves * worst + launch_seconds(device, units), compute_seconds=compute_all / units,
+    seconds = waves * worst + launch_seconds(device, units)
+    if units > 1:
+        seconds += imbalance_seconds(expr, seconds, worst, waves, device)
+    return Estimate(seconds=seconds, compute_seconds=compute_all / units,
                     memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,
                     waves=waves)

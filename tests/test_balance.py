@@ -106,3 +106,37 @@ def test_codegen_balances_only_plans_predicted_long_enough():
         out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
         ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_model_charges_the_wait_for_the_slowest_core():
+    """units.speed_spread: a fixed split waits for the slow core's whole share, a balanced grid for about
+    one tile; so among compute-bound plans of equal work the one with more top tiles a core ranks first.
+    Memory-bound plans are not charged."""
+    from roller import model
+
+    device = load_device("x86-avx512", calibrated=False)
+    spread = device.units.speed_spread
+    assert spread > 0
+    even = dataclasses.replace(device, units=dataclasses.replace(device.units, speed_spread=0.0))
+
+    def extra(expr, tiles, axis):
+        """(seconds the spread adds, seconds a top tile takes, waves, balanced) of a plan."""
+        flat, slow = model.estimate(expr, tiles, even, axis), model.estimate(expr, tiles, device, axis)
+        per_tile = (flat.seconds - model.launch_seconds(even, flat.units)) / flat.waves
+        return slow.seconds - flat.seconds, per_tile, flat.waves, model.balances(expr, flat.seconds, device)
+
+    mm = analyze(ops.OPS["matmul"].make({"M": 256, "N": 256, "K": 256})).expr
+    one = [{"m": 4, "n": 32, "k": 1}, {"m": 32, "n": 128, "k": 256}, {"m": 128, "n": 256, "k": 256}]
+    eight = [{"m": 4, "n": 32, "k": 1}, {"m": 32, "n": 128, "k": 256}, {"m": 32, "n": 128, "k": 256}]  # 16 tiles
+    for tiles, waves in ((one, 1), (eight, 8)):
+        added, per_tile, got, balanced = extra(mm, tiles, "n")
+        assert got == waves and balanced and added == pytest.approx(spread * per_tile, rel=1e-6)  # balanced: one tile
+    assert model.estimate(mm, eight, device, "n").seconds < model.estimate(mm, one, device, "n").seconds
+
+    short = [{"m": 4, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 64}, {"m": 8, "n": 32, "k": 64}]
+    small = analyze(ops.OPS["matmul"].make({"M": 16, "N": 64, "K": 64})).expr  # compute-bound, under 50 us
+    added, per_tile, waves, balanced = extra(small, short, "n")
+    assert waves > 1 and not balanced and added == pytest.approx(spread * per_tile * waves, rel=1e-6)  # fixed split: the share
+
+    add = analyze(ops.OPS["add_relu"].make({"M": 512, "N": 4096})).expr  # memory-bound: not charged
+    assert extra(add, [{"m": 1, "n": 16}, {"m": 8, "n": 1024}, {"m": 32, "n": 4096}], "n")[0] == 0.0

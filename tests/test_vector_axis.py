@@ -116,6 +116,21 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     assert folded.seconds - unfolded.seconds == pytest.approx(folded.waves * per_tile, rel=1e-6)
 
 
+def test_model_charges_padding_copies_per_element_serially():
+    """A convolution's zero-padding stage copied per top tile costs its elements before the tile's compute:
+    whole vectors where its rows are (96 channels), one by one where not (84), whatever the traffic."""
+    from roller import model
+
+    for channels, cycles in ((84, model.STAGE_COPY_CYCLES), (96, model.STAGE_VECTOR_COPY_CYCLES)):
+        e = op_expr("conv2d", dict(N=1, H=42, W=42, C=channels, K=channels, R=3, S=3, pad=1))
+        assert e.staged == ("pad_temp",)
+        top = {"n": 1, "h": 42, "w": 42, "k": 16, "r": 3, "s": 3, "c": channels}
+        window = 44 * 44 * channels  # the padded input, whole, for every top tile of 16 output channels
+        assert model.stage_copy_seconds(e, top, DEV, ["pad_temp"]) == pytest.approx(
+            window * cycles * model.cycle_seconds(DEV))
+        assert model.stage_copy_seconds(e, top, DEV, []) == 0.0  # inlined, or folded into a pack
+
+
 def test_partial_sums_take_lanes_at_every_level():
     """The code keeps the partial sums in a buffer over the whole top tile: lanes per output element."""
     e = reduce_rows(64, 256)
