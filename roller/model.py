@@ -263,12 +263,14 @@ def replicate_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> flo
 
 # Cycles each element of a producer stage's copy costs (a convolution's zero padding, copied per top tile
 # where the plan does not inline it; not a stage folded into a pack), serial with the tile's compute: it
-# reads the window's rows behind the padding's bounds and writes the copy. Whole vectors where the copy's
-# rows are (its last dimension a multiple of the lanes: codegen vectorizes its inner loop), else one
-# element at a time. One process, the same plan staged and inlined: a 3x3 conv on 42x42x84 (84 channels,
-# scalar) in 6 top tiles copying the whole padded input each, 2 threads, 1454 -> 1266 us, 0.8 cycles an
-# element at 2.1 GHz; a depthwise 3x3 on 56x56x144 (vectors), one thread, 278 -> 195 and 318 -> 275 us for
-# 534 k elements, ~0.25 cycles (less the inlined plan's own costs, which the model puts at none there).
+# reads the window's rows behind the padding's bounds and writes the copy. TVM vectorizes the copy's inner
+# loop where its rows are whole vectors (the last dimension a multiple of the lanes). One process, the
+# same plan staged and inlined: a 3x3 conv on 42x42x84 (rows of 84, not vectorized by TVM) in 6 top tiles
+# copying the whole padded input each, 2 threads, 1454 -> 1266 us, 0.8 cycles an element at 2.1 GHz; a
+# depthwise 3x3 on 56x56x144 (vectors), one thread, 278 -> 195 and 318 -> 275 us for 534 k elements, ~0.25
+# cycles (less the inlined plan's own costs, which the model puts at none there). The gap is not the
+# vectorization alone: that 84-channel copy in 5 vectors and a tail split off ran no faster (1450 / 1444
+# and 1019 / 1014 us, 2 threads), LLVM presumably vectorizing the plain loop itself; not explained yet.
 # Before, the copies counted as traffic only (under the compute), and plans copying the same window for
 # every top tile of channels, or 5x wider windows than their tiles, ranked first (depthwise 5x5 on
 # 83x83x42 in one-pixel-wide tiles: 1175 us against 550, one thread).
