@@ -286,7 +286,7 @@ def stage_copy_seconds(expr: Expr, top: Mapping[str, int], device: Device, copie
     for t in expr.inputs:
         if t.name in copied and expr.repeat(t.name) == 1:  # a repeating stage: replicate_seconds
             region = t.region(top)
-            vector = region[-1] >= lanes and region[-1] % lanes == 0
+            vector = bool(region) and region[-1] >= lanes and region[-1] % lanes == 0  # () : a scalar
             cycles += math.prod(region) * (STAGE_VECTOR_COPY_CYCLES if vector else STAGE_COPY_CYCLES)
     return cycles * cycle_seconds(device)
 
