@@ -349,9 +349,11 @@ def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: in
     slots, not its share of the bandwidth (not measured; they keep the fixed split either way, so the
     charge would only scale every plan of theirs alike)."""
     spread = device.units.speed_spread
-    if not spread or memory_bound(expr, device):
+    if not spread:
         return 0.0
-    return spread * tile_seconds * (1 if balances(expr, seconds, device) else waves)
+    if balances(expr, seconds, device):  # compute-bound, so charged (one memory_bound test on this path)
+        return spread * tile_seconds
+    return 0.0 if memory_bound(expr, device) else spread * tile_seconds * waves
 
 
 def data_source(expr: Expr, device: Device) -> MemoryLevel:
@@ -527,14 +529,14 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     # inputs the kernel reads from a copy made per top tile: packed ones, and every producer stage the plan
     # does not inline (padding, and group_rep, which is never inlined: charged before as strided streams,
     # 287 us of untracked lines for a plan of a grouped conv on 14x14x256 in 64 groups that ran 71.5 us)
-    staged = tuple(packed) + tuple(n for n in expr.staged if n not in inlined)
+    copied = tuple(n for n in expr.staged if n not in inlined)
+    staged = tuple(packed) + copied
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
              * total / spatial
              + transpose_seconds(expr, tiles[-1], device, prepacked) * total / spatial
              + replicate_seconds(expr, tiles[-1], device) * total / spatial
-             + stage_copy_seconds(expr, tiles[-1], device, [n for n in expr.staged
-                                                            if n not in inlined and n not in packed]) * total / spatial
+             + stage_copy_seconds(expr, tiles[-1], device, [n for n in copied if n not in packed]) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)

@@ -12,9 +12,10 @@ from tvm.script import tirx as T
 from roller import ops
 from roller.analysis import analyze
 from roller.codegen import schedule
-from roller.codegen.balance import MIN_SECONDS, balance_grid, worth_balancing
+from roller.codegen.balance import balance_grid, worth_balancing
 from roller.construct import construct
 from roller.device import load_device
+from roller.model import BALANCE_MIN_SECONDS as MIN_SECONDS
 from roller.profile import _fill_sentinel
 from roller.tvmutil import compile_for, target_for
 

@@ -25,12 +25,10 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
     """
     if device.kind == "cpu":
         from ..rtile import compute_lanes
-        from tvm import IRModule
-        from tvm.s_tir import Schedule
-
         from .balance import balance_grid, worth_balancing
         from .cpu import schedule_cpu
         from .padding import pad_to_tiles
+        from .tirtree import with_main
 
         root = frozenset()
         if program.padded:
@@ -39,8 +37,7 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
         sch = schedule_cpu(func, expr, program, device, root, notes)
         if not worth_balancing(expr, program, device):
             return sch
-        balanced = balance_grid(sch.mod["main"], device.units.count)
-        return sch if balanced.same_as(sch.mod["main"]) else Schedule(IRModule({"main": balanced}))
+        return with_main(sch, balance_grid(sch.mod["main"], device.units.count))
     if device.kind == "gpu":
         from .cuda import schedule_cuda
         return schedule_cuda(func, expr, program, device, notes)

@@ -24,14 +24,12 @@ when the kernel loads)::
                     body(g)
                     if g + 1 == end: take()
 
-A take costs tens of nanoseconds, so kernels predicted shorter than ``MIN_SECONDS`` keep the fixed
+A take costs tens of nanoseconds, so kernels predicted shorter than ``model.BALANCE_MIN_SECONDS`` keep the fixed
 split, and so do memory-bound operators (:func:`worth_balancing`, the policy's ``model.balances``, which
 the model also uses to charge a plan its wait for the slowest core), whose time is their data's: a core
 stealing another's tiles reads that core's part from its L2 or from L3, not its own.
 """
 from __future__ import annotations
-
-from ..model import BALANCE_MIN_SECONDS as MIN_SECONDS  # noqa: F401 (re-exported: the tests' threshold)
 
 OWN_SHARE = 4       # a core claims a quarter of what is left of its own share at a time (at least one tile)
 ENABLED = True       # False: TVM's fixed split everywhere (for A/B timing: scripts/bench_models.py --ab-balance)
@@ -84,12 +82,12 @@ def _take(state, mine, pick, task, units: int, extent: int):
 
 def worth_balancing(expr, program, device) -> bool:
     """Whether ``program``'s kernel balances its grid (``model.balances``: compute-bound and predicted to
-    run at least ``MIN_SECONDS``)."""
+    run at least ``model.BALANCE_MIN_SECONDS``)."""
     from ..model import balances
 
     # False for NaN too (a plan the model did not time). The prediction includes the model's charge for the
     # wait on the slowest core, which the model's own test leaves out: they differ within that charge of
-    # MIN_SECONDS only.
+    # BALANCE_MIN_SECONDS only.
     return ENABLED and balances(expr, program.predicted_seconds, device)
 
 

@@ -36,6 +36,7 @@ from ..rprogram import RProgram
 from ..rtile import clamp_tiles, compute_lanes
 from ..tails import rolled_reduce_axes, tiling_extents
 from .prefetch import prefetch_prepacked
+from .tirtree import with_main
 from .transpose import in_registers, mark as register_transpose
 from .schedutil import check_program as _check_program, fuse_axes as _fuse_axes
 from .schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
@@ -311,8 +312,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         blocks = {n: layout.block_elements() for n, layout in layouts.items()}
         sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
                                  notes)
-    func = in_registers(sch.mod["main"])
-    return sch if func.same_as(sch.mod["main"]) else tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    return with_main(sch, in_registers(sch.mod["main"]))
 
 
 def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .tirtree import is_const, path_to, rebuilt, substitution
+from .tirtree import is_const, path_to, rebuilt, substitution, with_main
 
 LINE_BYTES = 64      # a cache line
 LOCALITY = 2         # llvm.prefetch locality 2: prefetcht1, into L2 (a top tile's block outgrows L1)
@@ -73,7 +73,7 @@ def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loop
     if new is None:
         notes.append("prefetch of the prepacked inputs not inserted: unexpected statement on the loop path")
         return sch
-    return tvm.s_tir.Schedule(tvm.IRModule({"main": func.with_body(new)}))
+    return with_main(sch, func.with_body(new))
 
 
 def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):

@@ -55,6 +55,14 @@ def rebuilt(path, index: int, node):
     return node
 
 
+def with_main(sch, func):
+    """``sch`` itself when ``func`` is its main function unchanged, else a new ``tvm.s_tir.Schedule`` of
+    ``func``: what each post-schedule edit returns."""
+    import tvm
+
+    return sch if func.same_as(sch.mod["main"]) else tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+
+
 def substitution(inputs, outputs):
     """The substitution ``inputs`` -> ``outputs`` (variables -> expressions) as a TVM IndexMap: its
     ``map_indices(values)`` gives ``outputs`` with ``values`` in place of ``inputs``."""

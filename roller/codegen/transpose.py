@@ -16,6 +16,8 @@ a cast, indices not affine with unit stride) is left as it was: the scattered fo
 """
 from __future__ import annotations
 
+from .tirtree import is_const, path_to, rebuilt
+
 ANNOTATION = "roller.register_transpose"  # on the block's outer loop: the block's side (lanes)
 ENABLED = True  # False: leave the scattered copies (A/B timing)
 
@@ -53,8 +55,6 @@ def in_registers(func):
     ``func`` itself when there is no marked loop. A marked loop it cannot rewrite loses its mark only."""
     from tvm import tirx as tir
 
-    from .tirtree import path_to, rebuilt
-
     body = func.body
     while True:
         path = path_to(body, lambda s: isinstance(s, tir.For) and ANNOTATION in s.annotations)
@@ -76,8 +76,6 @@ def _registers(loop, lanes: int):
     source is contiguous along the inner loop and whose destination is contiguous along ``loop``."""
     from tvm import tirx as tir
     from tvm.ir.expr import TensorLoad
-
-    from .tirtree import is_const
     from tvm.sym.analyzer import Analyzer
 
     inner = loop.body
