@@ -61,7 +61,10 @@ class ComputeUnits:
 
     vector_bytes (CPU SIMD register width) or warp_threads (GPU) define the minimum schedulable unit;
     peak_gflops is per unit, by dtype. accumulators_for_peak is how many independent accumulator
-    vectors keep the FMA pipes busy (FMA latency x pipes; 1 means the model ignores it).
+    vectors keep the FMA pipes busy (FMA latency x pipes; 1 means the model ignores it). reorder_window is
+    how many accumulating vector operations the out-of-order core holds in flight: a register tile whose
+    accumulation chain is shorter than that overlaps with the next tiles' chains (a 3x3 pool's nine maxima),
+    so it needs fewer accumulators of its own (0: no overlap, every tile's chain runs alone).
     prefetch_streams is how many strided streams (one a 4 KiB page) the unit's hardware prefetcher follows
     at once (0: unknown, the model assumes it follows every stream). speed_spread is how much slower than
     the others, on average, the slowest unit runs (a shared VM's cores: a co-tenant on one host core; 0 on
@@ -74,6 +77,7 @@ class ComputeUnits:
     warp_threads: int | None = None
     clock_ghz: float | None = None
     accumulators_for_peak: int = 1
+    reorder_window: int = 0
     prefetch_streams: int = 0
     speed_spread: float = 0.0
     tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # GPU tensor cores, by input dtype
@@ -351,15 +355,18 @@ def device_from_dict(data: Any, where: str = "<spec>") -> Device:
 
     u = top.sub("units")
     u.unknown({"count", "peak_gflops", "vector_bytes", "warp_threads", "clock_ghz", "accumulators_for_peak",
-               "prefetch_streams", "speed_spread", "tensor_peak_gflops"})
+               "reorder_window", "prefetch_streams", "speed_spread", "tensor_peak_gflops"})
     peaks = _peaks(u, "peak_gflops", where)
     spread = u.get("speed_spread", "float", 0.0, positive=False)
     if not 0.0 <= spread < 1.0:
         raise u.fail("speed_spread", "a number from 0 (cores at one speed) up to but not including 1")
+    if u.get("reorder_window", "int", 0, positive=False) < 0:
+        raise u.fail("reorder_window", "a whole number of operations, 0 or more (0: no overlap between tiles)")
     units = ComputeUnits(
         count=u.get("count", "int"), peak_gflops=peaks,
         vector_bytes=u.get("vector_bytes", "int", None), warp_threads=u.get("warp_threads", "int", None),
         clock_ghz=u.get("clock_ghz", "float", None), accumulators_for_peak=u.get("accumulators_for_peak", "int", 1),
+        reorder_window=u.get("reorder_window", "int", 0, positive=False),
         prefetch_streams=u.get("prefetch_streams", "int", 0), speed_spread=spread,
         tensor_peak_gflops=_peaks(u, "tensor_peak_gflops", where) if "tensor_peak_gflops" in u.data else {})
     if (units.vector_bytes is None) == (units.warp_threads is None):

@@ -244,6 +244,50 @@ def repeated_fill_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules) -
                for t in expr.inputs if expr.repeat(t.name) > 1)
 
 
+def top_step_axis(expr: Expr, top: Mapping[str, int], vector_axis: str | None,
+                  predicated: tuple[str, ...]) -> str | None:
+    """The axis one unit's consecutive top tiles step along: code generation's innermost grid loop of more
+    than one tile (codegen/cpu: the fused spatial grid, then a predicated vector axis's grid held out of it,
+    then the reduction's grid loops); None for a single top tile."""
+    steps = {a.name: ceil_div(a.extent, top[a.name]) for a in expr.axes}
+    reduce = [a.name for a in expr.reduce_axes if steps[a.name] > 1]
+    if reduce:
+        return reduce[-1]
+    spatial = [a.name for a in expr.axes if a.kind != REDUCE and steps[a.name] > 1]
+    if vector_axis in spatial and vector_axis in predicated and len(spatial) > 1:
+        return vector_axis
+    return spatial[-1] if spatial else None
+
+
+def halo_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, vector_axis: str | None,
+               predicated: tuple[str, ...]) -> float:
+    """Bytes of the top level's fill (``rtile.traffic``) that a unit's consecutive top tiles share, so the
+    next tile finds them in the cache: the overlap of a sliding window (an input dimension indexed by the
+    step axis and a reduction axis, a pool's or convolution's rows) between neighbouring tiles. A 3x3 pool
+    of stride 2 over 165x165x42 in one-row tiles reads two new input rows a tile, not three: counted as
+    three, its memory time was 1.4x the 151-162 us it ran (two threads). Inputs the step axis does not
+    index at all (a convolution's weights) are left as they were: the model has not charged their reuse
+    between top tiles anywhere, and ranking compute-bound plans was tuned without it."""
+    axis = top_step_axis(expr, top, vector_axis, predicated)
+    if axis is None:
+        return 0.0
+    steps = ceil_div(expr.axis(axis).extent, top[axis])
+    total = tile_counts(expr, top)[0]
+    saved = 0.0
+    for t in expr.inputs:
+        shared, window = 1.0, False
+        for dim, size in zip(t.index, t.region(top)):
+            coef = next((c for a, c in dim if a == axis), 0)
+            if coef and len(dim) > 1:
+                shared *= max(0, size - abs(coef) * top[axis]) / size
+                window = True
+            elif coef:
+                shared = 0.0
+        if window and shared > 0:
+            saved += tensor_footprint(t, top, rules, moved=True) * shared * total * (steps - 1) / steps
+    return saved
+
+
 # Cycles each element a repeating stage writes costs (Expr.repeats: a grouped convolution's group_rep, each
 # input channel copied for the K/groups output channels of its group), serial with the tile's compute: it
 # runs in vectors of runs of one broadcast load each (ops.LANE_RUN), before the tile's compute. Fitted on
@@ -390,12 +434,18 @@ def padded_flops(expr: Expr, tiles: Sequence[Mapping[str, int]], lanes: int, vec
 
 
 def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
-                           vector_axis: str | None = None) -> float:
+                           vector_axis: str | None = None, chain: float | None = None) -> float:
     """Fraction of peak the register tile can issue: a fused multiply-add waits for the previous one on
     the same accumulator, so peak needs ``units.accumulators_for_peak`` independent accumulator vectors
     (FMA latency x FMA pipes). A register tile with fewer leaves the pipes idle in proportion. Along a
     spatial vector axis the accumulators are the output's vectors; along a reduced one (partial sums)
-    every output element holds its own vector."""
+    every output element holds its own vector.
+
+    ``chain`` is how many steps each accumulator takes before the tile writes it back (default: the whole
+    reduction). Chains shorter than the core's out-of-order window (``units.reorder_window`` operations)
+    overlap with the next register tiles', so a tile counts as ``window / chain`` accumulators when it holds
+    fewer: a depthwise 5x5 conv on 56x56x128 (one thread) with a one-vector register tile (chain 25) ran at
+    26% of peak, 64 / 25 = 2.6 of the 10 accumulators; with four vectors at 43% (4 of 10)."""
     need = device.units.accumulators_for_peak
     if need <= 1:
         return 1.0
@@ -403,14 +453,33 @@ def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
     out = math.prod(expr.output.region(reg))
     spatial = vector_axis is not None and expr.axis(vector_axis).kind != REDUCE
     vectors = math.ceil(out / lanes) if spatial else out
+    window = device.units.reorder_window
+    if window:
+        if chain is None:
+            chain = math.prod(a.extent for a in expr.reduce_axes) / (1 if spatial or vector_axis is None else lanes)
+        vectors = max(vectors, window / max(1.0, chain))
     return min(1.0, vectors / need)
 
 
-def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None) -> float:
+def accumulation_chain(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+                       lanes: int) -> float:
+    """Steps each register-tile accumulator takes before it is written back: the reduction of its
+    ``accumulator_parent`` tile (the whole reduction without one); a reduced vector axis (partial sums)
+    takes a step per vector of it."""
+    parent = accumulator_parent(expr, tiles, 0, vector_axis)
+    chain = math.prod((parent[a.name] if parent is not None else a.extent) for a in expr.reduce_axes)
+    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE:
+        chain /= lanes
+    return chain
+
+
+def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None,
+                 chain: float | None = None) -> float:
     """GFLOP/s one unit issues with this register tile: the accumulation type's peak, scaled by the
-    accumulator efficiency; a reduction that cannot keep vector partial sums runs scalar (1 / lanes)."""
+    accumulator efficiency (``chain``: see there); a reduction that cannot keep vector partial sums runs
+    scalar (1 / lanes)."""
     lanes = compute_lanes(expr, device)
-    peak = device.units.peak(expr.dtype) * accumulator_efficiency(expr, reg, device, vector_axis)
+    peak = device.units.peak(expr.dtype) * accumulator_efficiency(expr, reg, device, vector_axis, chain)
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums(
             expr, reg, vector_axis, lanes):
         peak /= lanes
@@ -496,7 +565,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)
     lanes = compute_lanes(expr, device)
-    rate = compute_rate(expr, tiles[0], device, vector_axis)
+    rate = compute_rate(expr, tiles[0], device, vector_axis, accumulation_chain(expr, tiles, vector_axis, lanes))
     if padded is None:
         # everything padded where every overhanging axis can be, else nothing
         padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
@@ -515,7 +584,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, accumulator_parent(expr, tiles, i, vector_axis))
         if i == len(levels) - 1:
-            q += copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
+            q += (copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
+                  - halo_bytes(expr, tile, rules, vector_axis, predicated))
         below = levels[i + 1] if i + 1 < len(levels) else source
         cold = 0.0
         if i == len(levels) - 1 and prepacked and device.constants_level:
