@@ -147,7 +147,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                 if held(grown) > rules.capacity or (index == 0 and spills_window(expr, grown, vector_axis,
                                                                                  rules.lanes, registers)):
                     continue
-                if a.kind != REDUCE and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1]):
+                if (units_floor > 1 and a.kind != REDUCE
+                        and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1])):
                     continue
                 score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules,
                                     traffic_of=q, footprint_of=f)

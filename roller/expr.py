@@ -53,14 +53,28 @@ class TensorAccess:
     def axes(self) -> frozenset[str]:
         return frozenset(a for dim in self.index for a, _ in dim)
 
+    @cached_property
+    def axis_order(self) -> tuple[str, ...]:
+        """The axes that index the tensor, each once, in a fixed order (a key of its tile's region)."""
+        return tuple(sorted(self.axes))
+
+    @cached_property
+    def _region_terms(self) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+        """(size, ((axis, |coef|), ...)) per dimension: what region() reads, prepared once."""
+        return tuple((size, tuple((a, abs(c)) for a, c in dim)) for dim, size in zip(self.index, self.shape))
+
     def region(self, tile: dict[str, int]) -> tuple[int, ...]:
         """Extent of the region a tile touches, per dimension: a sliding window where several axes
         index one dimension, ``sum(coef * (t - 1)) + 1``, clipped to the tensor's shape."""
         out = []
-        for dim, size in zip(self.index, self.shape):  # plain loops: construction calls this ~10^5 times
-            n = 1
-            for a, c in dim:
-                n += abs(c) * (tile[a] - 1)
+        for size, dim in self._region_terms:  # plain loops: construction calls this ~10^6 times
+            if len(dim) == 1:
+                a, c = dim[0]
+                n = tile[a] if c == 1 else c * (tile[a] - 1) + 1
+            else:
+                n = 1
+                for a, c in dim:
+                    n += c * (tile[a] - 1)
             out.append(n if n < size else size)
         return tuple(out)
 

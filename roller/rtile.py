@@ -133,9 +133,27 @@ class LevelRules:
         candidate)."""
         if vector_axis is None:
             vector_axis = expr.vector_axis
+        # made once per Expr, device, level and vector axis: construction asks ~10^5 times
+        made = expr.__dict__.setdefault("_level_rules", {})
+        key = (id(device), index, vector_axis)
+        hit = made.get(key)
+        if hit is not None and hit[0] is device:
+            return hit[1]
         reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
-        return cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
-                   expr.output.name if reduced else None)
+        rules = cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
+                    expr.output.name if reduced else None)
+        made[key] = (device, rules)
+        return rules
+
+    @property
+    def key(self) -> tuple:
+        """What a tensor's footprint at this level depends on besides its tile (see tensor_footprint)."""
+        k = self.__dict__.get("_key")
+        if k is None:
+            lv = self.level
+            k = (self.index, lv.transaction_bytes, self.lanes, self.vector_axis, self.partial_sums)
+            object.__setattr__(self, "_key", k)
+        return k
 
     @property
     def capacity(self) -> int:
@@ -175,10 +193,20 @@ def tensor_footprint(t: TensorAccess, tile: Mapping[str, int], rules: LevelRules
     """Bytes a tensor's tile region occupies at a level (rows rounded to transactions); with ``moved``,
     the bytes that filling it transfers (see LevelRules.row_bytes). Storage padding of packed tiles is
     added by the constructor, which decides the packing."""
+    # memoized per tensor (it depends on the tile's sizes along the tensor's own axes only): construction
+    # asks ~10^6 times, mostly for tiles that differ from one seen before along another tensor's axis
+    memo = t.__dict__.get("_footprints")
+    if memo is None:
+        memo = {}
+        object.__setattr__(t, "_footprints", memo)
+    key = (rules.key, moved, *[tile[a] for a in t.axis_order])
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
     region = t.region(tile)
-    if not region:
-        return t.elem_bytes
-    return math.prod(region[:-1]) * rules.row_bytes(t, region[-1], moved)
+    out = math.prod(region[:-1]) * rules.row_bytes(t, region[-1], moved) if region else t.elem_bytes
+    memo[key] = out
+    return out
 
 
 def rereads(expr: Expr, t: TensorAccess, tile: Mapping[str, int], lower: Mapping[str, int]) -> bool:
@@ -222,7 +250,7 @@ def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
     """(all tiles, spatial tiles) when the operator is covered by ``tile`` (overhang rounds up)."""
     total = spatial = 1
     for a in expr.axes:
-        n = ceil_div(a.extent, tile[a.name])
+        n = -(-a.extent // tile[a.name])  # ceil_div, inline: construction calls this ~10^5 times
         total *= n
         if a.kind != REDUCE:
             spatial *= n
