@@ -15,13 +15,16 @@ Beyond the paper's terms the model charges what the generated code does (``rolle
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
 the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
 or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
-one by one at the write-back (FOLD_CYCLES), predicated vector loops at scalar speed, a register tile with too few accumulators below peak, a
-reduction that cannot keep vector partial sums at scalar speed, the bounds checks of a padding stage the
-plan inlines (INLINE_CHECK_CYCLES) instead of copying it, the bandwidth short strided rows lose at the
-top level (the calibrated small-transfer efficiency, ``short_row_bytes``), the misses of inputs read
-on more strided streams than the hardware prefetcher follows (UNTRACKED_LINE_CYCLES), the accumulators
-a plan that splits its reduction moves through memory between the chunks (ACCUMULATOR_CYCLES), and the
-copies a repeating stage (a grouped convolution's group_rep) writes, at their element rate
+one by one at the write-back (FOLD_CYCLES), predicated vector loops at scalar speed, a register tile
+with too few accumulators below peak (unless its accumulation chain is short enough for the out-of-order
+window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
+consecutive top tiles share in the cache (``halo_bytes``), a reduction that cannot keep vector partial
+sums at scalar speed, the bounds checks of a padding stage the plan inlines (INLINE_CHECK_CYCLES) instead
+of copying it, the bandwidth short strided rows lose at the top level (the calibrated small-transfer
+efficiency, ``short_row_bytes``), the misses of inputs read on more strided streams than the hardware
+prefetcher follows (UNTRACKED_LINE_CYCLES), the accumulators a plan that splits its reduction moves
+through memory between the chunks (ACCUMULATOR_CYCLES), and the copies a repeating stage (a grouped
+convolution's group_rep) writes, at their element rate
 (REPLICATE_CYCLES) rather than as traffic from below.
 """
 from __future__ import annotations
