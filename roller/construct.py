@@ -191,8 +191,15 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
 
     path, first_bound = grow(tile, set())
     # The greedy choice is myopic (an axis that wins early can use up the level); the same growth with
-    # one axis held at the seed gives the other shapes of the level's tile, for the model to rank.
-    variants = [grow(tile, {a.name})[0][-1] for a in expr.axes if len(expr.axes) > 1]
+    # one axis held at the seed gives the other shapes of the level's tile, for the model to rank. Holding
+    # an axis that has no next size (extent 1, already whole, capped by the bounds) changes nothing: its
+    # growth is the greedy one, not walked again (a third of the growths of a 1x1 convolution).
+    def can_step(a) -> bool:
+        nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
+                           a.name in exact)
+        return nxt is not None and not (a.name in bounds and nxt > bounds[a.name])
+
+    variants = [grow(tile, {a.name})[0][-1] if can_step(a) else path[-1] for a in expr.axes if len(expr.axes) > 1]
     variants.sort(key=lambda t: traffic(expr, t, rules))
     picks = [path[-1]] + variants + ([first_bound] if first_bound is not None else []) + path[-2:-3:-1]
     if index == 0 and expr.reduce_axes:
@@ -293,7 +300,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
     for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
         ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
         found = _plans(ex, device, epsilon, {}, va)
-        if not found or max(estimate(ex, p, device, va).units for p in found) < device.units.count:
+        if not found or max(tile_counts(ex, p[-1])[1] for p in found) < device.units.count:  # a unit idle
             for b in _shrink_bounds(ex, device):
                 found += _plans(ex, device, epsilon, b, va)
         for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
