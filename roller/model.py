@@ -24,8 +24,7 @@ of copying it, the bandwidth short strided rows lose at the top level (the calib
 efficiency, ``short_row_bytes``), the misses of inputs read on more strided streams than the hardware
 prefetcher follows (UNTRACKED_LINE_CYCLES), the accumulators a plan that splits its reduction moves
 through memory between the chunks (ACCUMULATOR_CYCLES), and the copies a repeating stage (a grouped
-convolution's group_rep) writes, at their element rate
-(REPLICATE_CYCLES) rather than as traffic from below.
+convolution's group_rep) writes, at their element rate (REPLICATE_CYCLES) rather than as traffic from below.
 """
 from __future__ import annotations
 
@@ -459,7 +458,7 @@ def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
     window = device.units.reorder_window
     if window:
         if chain is None:
-            chain = math.prod(a.extent for a in expr.reduce_axes) / (1 if spatial or vector_axis is None else lanes)
+            chain = accumulation_chain(expr, [reg], vector_axis, lanes)  # no parent: the whole reduction
         vectors = max(vectors, window / max(1.0, chain))
     return min(1.0, vectors / need)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Mapping
 
 from .device import Device, MemoryLevel
@@ -145,15 +146,10 @@ class LevelRules:
         made[key] = (device, rules)
         return rules
 
-    @property
+    @cached_property
     def key(self) -> tuple:
         """What a tensor's footprint at this level depends on besides its tile (see tensor_footprint)."""
-        k = self.__dict__.get("_key")
-        if k is None:
-            lv = self.level
-            k = (self.index, lv.transaction_bytes, self.lanes, self.vector_axis, self.partial_sums)
-            object.__setattr__(self, "_key", k)
-        return k
+        return (self.index, self.level.transaction_bytes, self.lanes, self.vector_axis, self.partial_sums)
 
     @property
     def capacity(self) -> int:
