@@ -290,6 +290,43 @@ def halo_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, vector_axi
     return saved
 
 
+# Cycles a line costs where the tile below the top (the L1 tile) reads a slice of an input's rows along the
+# vector axis that the top tile holds more of: the kernel walks the same pixels once per slice, each time in
+# runs of a line or two at the pixel stride, and the loads wait on more of their fills from L2 than in whole
+# runs. Times (1 - 1 / slices): nothing for whole rows. Measured, one thread, CPU time, the same plans with
+# only the L1 tile's channels changed (scripts/compare_plans.py --cpu-time): avg pool 3x3 on 83x83x84, 16 of
+# 96 channels 572 us, all 96 384; depthwise 3x3/2 on 112x112x96, 16 of 96 375, 96 282; depthwise 3x3 on
+# 112x112x32, 16 of 32 153, 32 142 (1.8, 2.3 and 0.7 cycles a line at 2.1 GHz); the model tied each pair.
+# Only as far as a slice's rows outnumber the streams the prefetcher follows (units.prefetch_streams): an
+# L1 tile of one pixel's 3x3 window (9 rows) walks the next slice of the same rows right after, and the
+# avg pool ran 173 us in such tiles, against 268 in slices of 83 pixels (255 rows).
+SLICED_LINE_CYCLES = 2.0
+
+
+def sliced_row_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device, vector_axis: str | None,
+                       packed: Sequence[str] = ()) -> float:
+    """Seconds the whole operator loses to L1 tiles that read slices of an input's rows (see
+    SLICED_LINE_CYCLES): inputs whose contiguous dimension is the (spatial) vector axis, not packed, read
+    in slices of more rows than the prefetcher follows."""
+    tracked = device.units.prefetch_streams
+    if not tracked or len(tiles) < 2 or vector_axis is None or expr.axis(vector_axis).kind == REDUCE:
+        return 0.0  # (no prefetch_streams: the model assumes the prefetcher follows every stream)
+    top, walk = tiles[-1], tiles[-2]
+    rules = LevelRules.of(device, len(tiles) - 2, expr, vector_axis)
+    walks = tile_counts(expr, walk)[0]
+    lines = 0.0
+    for t in expr.inputs:
+        if t.name in packed or not t.index or t.index[-1] != ((vector_axis, 1),):
+            continue
+        region = t.region(walk)
+        slices = ceil_div(t.region(top)[-1], region[-1])
+        rows = math.prod(region[:-1])
+        if slices > 1 and rows > tracked:
+            moved = tensor_footprint(t, walk, rules, moved=True) * walks / rules.level.transaction_bytes
+            lines += moved * (1.0 - 1.0 / slices) * (1.0 - tracked / rows)
+    return lines * SLICED_LINE_CYCLES * cycle_seconds(device)
+
+
 # Cycles each element a repeating stage writes costs (Expr.repeats: a grouped convolution's group_rep, each
 # input channel copied for the K/groups output channels of its group), serial with the tile's compute: it
 # runs in vectors of runs of one broadcast load each (ops.LANE_RUN), before the tile's compute. Fitted on
@@ -610,6 +647,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              + replicate_seconds(expr, tiles[-1], device) * total / spatial
              + stage_copy_seconds(expr, tiles[-1], device, [n for n in copied if n not in packed]) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
+             + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
     seconds = waves * worst + launch_seconds(device, units)

@@ -1,16 +1,19 @@
 """The model's terms for short reductions and sliding windows (no TVM): register tiles whose accumulation
-chains overlap in the out-of-order window (``units.reorder_window``), and the input rows consecutive top
-tiles share (``model.halo_bytes``)."""
+chains overlap in the out-of-order window (``units.reorder_window``), the input rows consecutive top
+tiles share (``model.halo_bytes``), and L1 tiles that walk slices of a pixel's channels
+(``model.sliced_row_seconds``)."""
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, matmul, spec_error
 from roller.expr import REDUCE, SPATIAL, Axis, Expr
-from roller.model import accumulation_chain, accumulator_efficiency, estimate, halo_bytes, top_step_axis
+from roller.model import (SLICED_LINE_CYCLES, accumulation_chain, accumulator_efficiency, cycle_seconds, estimate,
+                          halo_bytes, sliced_row_seconds, top_step_axis)
 from roller.rtile import LevelRules, tensor_footprint, tile_counts
 
 UNITS = {"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 100.0}, "accumulators_for_peak": 10}
 OVERLAP = cpu(units={**UNITS, "reorder_window": 64})
 ALONE = cpu(units=UNITS)
+STREAMS = cpu(units={**UNITS, "prefetch_streams": 32})
 
 
 def max_pool(H, W, C, R, S, stride):
@@ -99,3 +102,22 @@ def test_a_spec_rejects_a_negative_window():
     msg = spec_error(lambda s: s["units"].update(reorder_window=-1))
     assert "reorder_window" in msg and "0 or more" in msg
     assert cpu().units.reorder_window == 0
+
+
+def test_l1_tiles_walking_channel_slices_pay_per_line():
+    pool = max_pool(83, 83, 96, 3, 3, 1)
+    top = {"n": 1, "h": 1, "w": 83, "c": 96, "r": 3, "s": 3}
+    reg = {"n": 1, "h": 1, "w": 1, "c": 16, "r": 1, "s": 1}
+    wide = {"n": 1, "h": 1, "w": 83, "c": 16, "r": 3, "s": 3}    # a slice of 16 of 96 channels over 3 x 85 pixels
+    whole = {"n": 1, "h": 1, "w": 83, "c": 96, "r": 3, "s": 3}   # every channel: whole runs
+    pixel = {"n": 1, "h": 1, "w": 1, "c": 16, "r": 3, "s": 3}    # one pixel's 3x3 window: 9 rows a slice
+    assert sliced_row_seconds(pool, [reg, whole, top], STREAMS, "c") == 0.0
+    assert sliced_row_seconds(pool, [reg, pixel, top], STREAMS, "c") == 0.0  # 9 rows: the prefetcher follows
+    lines = 83 * 6 * 3 * 85  # L1 tiles x one 64-byte line per pixel of the slice (rows of 16 floats)
+    expect = lines * (1 - 1 / 6) * (1 - 32 / 255) * SLICED_LINE_CYCLES * cycle_seconds(STREAMS)
+    assert sliced_row_seconds(pool, [reg, wide, top], STREAMS, "c") == pytest.approx(expect)
+    # not where the input is packed, nor without a known prefetcher, nor along a reduced vector axis
+    assert sliced_row_seconds(pool, [reg, wide, top], STREAMS, "c", packed=("X",)) == 0.0
+    assert sliced_row_seconds(pool, [reg, wide, top], ALONE, "c") == 0.0
+    # the estimate puts the sliced walk behind the whole one
+    assert estimate(pool, [reg, wide, top], STREAMS, "c").seconds > estimate(pool, [reg, whole, top], STREAMS, "c").seconds
