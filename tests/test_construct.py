@@ -459,3 +459,14 @@ def test_constants_from_memory_cost_their_traffic_at_memorys_bandwidth():
     plain = estimate(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined)
     assert plain.memory_seconds == estimate(e, prog.tiles, DEV, prog.vector_axis, prog.padded,
                                             prog.inlined).memory_seconds
+
+
+@pytest.mark.parametrize("expr", [fuse_axes(elementwise(100, 3001)), elementwise(100, 3001), matmul(1000, 1000, 1000),
+                                  reduce_rows(100, 3001), conv2d_nhwc(1, 71, 71, 36, 36, 1, 1)],
+                         ids=["add_relu_fused", "add_relu", "matmul_1000", "rowsum", "conv1x1_71"])
+def test_top1_is_the_first_of_top10(expr):
+    """Without profiling, roller builds construct(topk=1)'s plan: it must be the plan top-10 ranks first
+    (epsilon grows to the same pool of plans whatever topk asks, construct.RANK_POOL)."""
+    one, ten = construct(expr, DEV, topk=1), construct(expr, DEV, topk=10)
+    assert len(one.programs) == 1 and one.epsilon == ten.epsilon
+    assert one.programs[0].key == ten.programs[0].key
