@@ -18,7 +18,7 @@ from typing import Mapping
 from .device import Device
 from .errors import InvalidShapeError, UnsupportedExpressionError
 from .expr import REDUCE, Expr
-from .model import Estimate, compute_rate, data_source, estimate, rank
+from .model import Estimate, compute_rate, estimate, rank, source_bandwidth
 from .prepack import prepackable
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
@@ -94,7 +94,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     extents = tiling_extents(expr, vector_axis, rules.lanes)
     levels = device.private_levels
     top = index == len(levels) - 1
-    source = levels[index + 1] if not top else data_source(expr, device)
+    source_gbps = levels[index + 1].bandwidth_gbps if not top else source_bandwidth(expr, device, 1)
     seed = below_tiles[-1] if below_tiles else {}
     tile = _first_tile(expr, rules, seed, eps, extents)
 
@@ -137,7 +137,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         tile."""
         path, first_bound = [tile], None
         while True:
-            if first_bound is None and _compute_bound(expr, tile, rules, device, source.bandwidth_gbps,
+            if first_bound is None and _compute_bound(expr, tile, rules, device, source_gbps,
                                                       below_tiles[0] if below_tiles else tile):
                 first_bound = tile
             best = fallback = None

@@ -392,10 +392,15 @@ def rank(items: Sequence, seconds, memory_seconds) -> list:
     return out
 
 
-# The share of the units' outermost private caches an operator's data may fill and still be there at the
-# next call (the rest: stack, code, lines of other data). Measured (2 cores x 2 MiB L2): 2.4 and 3.6 MB
-# ran at L2 speed (GEMV 768x768 254% of L3's bandwidth, add_relu 100x3001 212%); 4.1 MB did not.
-RESIDENT_SHARE = 0.9
+# The share of an operator's bytes the units' outermost private caches still hold at its next call falls
+# from all to none as its bytes grow from RESIDENT_FULL to RESIDENT_NONE times those caches' capacity (all
+# units' together); the rest comes from the first shared level that holds it all. Measured (2 cores x
+# 2 MiB L2, top-1 kernels timed alternately, scripts/residency.py): add_relu on M x 3001 ran at 135 GB/s
+# at 2.2 MB, 87 at 3.6 MB (0.86 of the L2s: 0.65 of its bytes from them at 228 GB/s, the rest from L3 at
+# 44), 68 at 4.3 MB and 47 at 6.5; a row sum 71 GB/s at 3.6 MB, 50 at 4.8 and 43 at 6.7. One step at 0.9
+# of the capacity put 3.6 MB wholly in L2 (predicted 2.1x too fast) and 4.1 MB wholly in L3 (1.5x slow).
+RESIDENT_FULL = 0.45
+RESIDENT_NONE = 1.45
 
 
 def tensor_bytes(expr: Expr) -> int:
@@ -405,9 +410,9 @@ def tensor_bytes(expr: Expr) -> int:
 
 def memory_bound(expr: Expr, device: Device) -> bool:
     """Whether the operator does fewer flops per byte of its tensors than the device's cores can per byte
-    from the level its data lives in between calls (:func:`data_source`)."""
+    from where its data lives between calls (:func:`source_bandwidth`)."""
     peak = device.units.peak(expr.dtype) * device.units.count
-    return expr.flops / tensor_bytes(expr) < peak / data_source(expr, device).total_bandwidth_gbps
+    return expr.flops / tensor_bytes(expr) < peak / source_bandwidth(expr, device)
 
 
 # Kernels predicted shorter than this keep TVM's fixed split of the parallel grid (codegen/balance.py): a
@@ -439,22 +444,42 @@ def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: in
     return 0.0 if memory_bound(expr, device) else spread * tile_seconds * waves
 
 
-def data_source(expr: Expr, device: Device) -> MemoryLevel:
-    """The level the operator's data lives in between calls: on a CPU its own outermost private cache
-    when each unit's share of all tensors fits in RESIDENT_SHARE of one (a kernel called again on the
-    same tensors, or on the output of the one before, finds them there: 400 KB of rows summed at 141
-    GB/s, more than twice the 60 GB/s of the shared L3 the model assumed before), else the first shared
-    level whose usable capacity holds them all."""
-    total = tensor_bytes(expr)
+def resident_share(expr: Expr, device: Device) -> float:
+    """The share of the operator's bytes a CPU's units find in their outermost private caches at its next
+    call (a kernel called again on the same tensors, or on the output of the one before finds them there:
+    400 KB of rows summed at 141 GB/s, more than twice the 60 GB/s of the shared L3), from 1 up to
+    RESIDENT_FULL of those caches' capacity down to 0 from RESIDENT_NONE; 0 on other devices."""
     private = device.private_levels
-    resident = private[-1].capacity_bytes * device.units.count * RESIDENT_SHARE if private else 0
-    if device.kind == "cpu" and total <= resident:
-        return private[-1]
+    if device.kind != "cpu" or not private:
+        return 0.0
+    fill = tensor_bytes(expr) / (private[-1].capacity_bytes * device.units.count)
+    return min(1.0, max(0.0, (RESIDENT_NONE - fill) / (RESIDENT_NONE - RESIDENT_FULL)))
+
+
+def shared_source(expr: Expr, device: Device) -> MemoryLevel:
+    """The first shared level whose usable capacity holds all the operator's tensors (else the last)."""
+    total = tensor_bytes(expr)
     shared = device.shared_levels
-    for lv in shared:
-        if total <= lv.usable_bytes:
-            return lv
-    return shared[-1]
+    return next((lv for lv in shared if total <= lv.usable_bytes), shared[-1])
+
+
+def data_source(expr: Expr, device: Device) -> MemoryLevel:
+    """The level most of the operator's data lives in between calls: the units' outermost private cache
+    while it holds at least half of it (:func:`resident_share`), else :func:`shared_source`."""
+    return device.private_levels[-1] if resident_share(expr, device) >= 0.5 else shared_source(expr, device)
+
+
+def source_bandwidth(expr: Expr, device: Device, units: int | None = None) -> float:
+    """GB/s the operator's data arrives at from where it lives between calls: what each of ``units``
+    active units draws (None: all the units together), the private caches' share of the bytes
+    (:func:`resident_share`) at their bandwidth and the rest at :func:`shared_source`'s."""
+    def bandwidth(level: MemoryLevel) -> float:
+        return level.total_bandwidth_gbps if units is None else unit_bandwidth(level, units)
+
+    share, shared = resident_share(expr, device), shared_source(expr, device)
+    if share <= 0:
+        return bandwidth(shared)
+    return 1.0 / (share / bandwidth(device.private_levels[-1]) + (1.0 - share) / bandwidth(shared))
 
 
 def padded_flops(expr: Expr, tiles: Sequence[Mapping[str, int]], lanes: int, vector_axis: str | None = None,
@@ -613,7 +638,6 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
                    + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
-    source = data_source(expr, device)
     packed, _ = packing(expr, list(tiles), device, vector_axis)
     prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants) if constants else ()
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked)
@@ -625,13 +649,13 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         if i == len(levels) - 1:
             q += (copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
                   - halo_bytes(expr, tile, rules, vector_axis, predicated))
-        below = levels[i + 1] if i + 1 < len(levels) else source
+        below = unit_bandwidth(levels[i + 1], units) if i + 1 < len(levels) else source_bandwidth(expr, device, units)
         cold = 0.0
         if i == len(levels) - 1 and prepacked and device.constants_level:
             # a model's weights that do not stay in the caches between calls come from constants_level
             cold = sum(tensor_footprint(t, tile, rules, moved=True) for t in expr.inputs
                        if t.name in prepacked) * total
-        mem[lv.name] = (q - cold) / (unit_bandwidth(below, units) * 1e9)
+        mem[lv.name] = (q - cold) / (below * 1e9)
         if cold:
             mem[lv.name] += cold / (unit_bandwidth(device.level(device.constants_level), units) * 1e9)
         traf[lv.name] = q

@@ -21,8 +21,8 @@ a peer whose output differs from the reference is reported, not compared.
 
 Per case: times, ratio = best peer time / roller top-10 time (> 1: roller is faster), top-1 / top-10
 time, GFLOP/s and, for memory-bound cases (arithmetic intensity over all tensors below the device's
-balance), GB/s against the calibrated bandwidth of the level the data lives in
-(``roller.model.data_source``). At the end a Markdown table, a CSV (``--out DIR``) and one summary line:
+balance), GB/s against the calibrated bandwidth of where the data lives between calls (the L2s, the
+shared level, or a mix of the two near the L2s' capacity: ``roller.model.source_bandwidth``). At the end a Markdown table, a CSV (``--out DIR``) and one summary line:
 cases, verified, worst ratio, geomean ratio, share >= 0.9x, median and max build seconds, top-1/top-10
 (median, and cases within 10%), memory-bound cases at >= 80% of their level's bandwidth, measured/model.
 
@@ -225,7 +225,7 @@ def _recheck(module, arrays, out_shape, reference, tol) -> tuple[bool, object]:
 def run_case(case: Case, device, args) -> Row:
     """Builds, checks and times one case (see the module docstring)."""
     from roller.errors import RollerError
-    from roller.model import data_source
+    from roller.model import resident_share, shared_source, source_bandwidth
     from roller.profile import TOLERANCE
 
     row = Row(case)
@@ -255,8 +255,13 @@ def run_case(case: Case, device, args) -> Row:
     row.predicted = resk.report["candidates"][row.chosen]["predicted_seconds"]
     row.flops = spec.flops(full)
     row.nbytes = sum(a.nbytes for a in arrays) + reference.nbytes
-    source = data_source(resk.expr, device)
-    row.level, row.level_gbps = source.name, source.total_bandwidth_gbps
+    # where the data lives between calls: the L2s, the shared level, or a mix of the two (its bandwidth the
+    # blend the model uses, model.source_bandwidth)
+    share = resident_share(resk.expr, device)
+    shared = shared_source(resk.expr, device).name
+    row.level = (device.private_levels[-1].name if share >= 1 else shared if share <= 0
+                 else f"{share:.0%} {device.private_levels[-1].name} + {shared}")
+    row.level_gbps = source_bandwidth(resk.expr, device)
     row.peak_gflops = device.units.peak("float32") * device.units.count
     # memory-bound: fewer flops per byte of all tensors than the device can do per byte from that level
     row.memory_bound = row.flops / row.nbytes < row.peak_gflops / row.level_gbps

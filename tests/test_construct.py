@@ -316,6 +316,32 @@ def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
     assert data_source(reduce_rows(8192, 1024), DEV).name == "DRAM"  # 32 MiB: over L3's
 
 
+def test_data_near_the_private_caches_capacity_comes_partly_from_them():
+    """model.resident_share falls from all to none between RESIDENT_FULL and RESIDENT_NONE times the units'
+    private capacity (DEV: 4 x 1 MiB L2); source_bandwidth weighs each level's time by its share."""
+    from roller.model import RESIDENT_FULL, RESIDENT_NONE, data_source, resident_share, source_bandwidth, tensor_bytes
+    from roller.device import load_device
+    cap = 4 * 2**20
+    small, mid, big = reduce_rows(256, 1024), reduce_rows(1024, 1024), reduce_rows(2048, 1024)
+    assert tensor_bytes(small) <= RESIDENT_FULL * cap and tensor_bytes(big) >= RESIDENT_NONE * cap
+    assert resident_share(small, DEV) == 1.0 and resident_share(big, DEV) == 0.0
+    share = (RESIDENT_NONE - tensor_bytes(mid) / cap) / (RESIDENT_NONE - RESIDENT_FULL)
+    assert 0 < share < 1 and resident_share(mid, DEV) == pytest.approx(share)
+    l2_total = DEV.level("L2").total_bandwidth_gbps
+    assert source_bandwidth(small, DEV) == pytest.approx(l2_total)
+    assert source_bandwidth(big, DEV) == 80.0  # L3's total (its 16 MiB hold the 8 MiB)
+    assert source_bandwidth(mid, DEV) == pytest.approx(1 / (share / l2_total + (1 - share) / 80.0))
+    # per unit, 4 active: L2 100 GB/s each, L3 80 / 4
+    assert source_bandwidth(mid, DEV, 4) == pytest.approx(1 / (share / 100.0 + (1 - share) / 20.0))
+    assert data_source(mid, DEV).name == ("L2" if share >= 0.5 else "L3")
+    # the top level fills at the blend: its memory time is its traffic at each active unit's share
+    from roller.model import estimate
+    est = estimate(mid, [{"i": 1, "k": 16}, {"i": 4, "k": 1024}, {"i": 16, "k": 1024}], DEV)
+    assert est.units == 4 and 0 < est.memory_seconds["L2"] == pytest.approx(
+        est.traffic_bytes["L2"] / (source_bandwidth(mid, DEV, 4) * 1e9))
+    assert resident_share(reduce_rows(16, 1024), load_device("a100")) == 0.0  # GPUs: no term
+
+
 def test_register_accumulators_stay_in_registers_through_levels_holding_one_register_tile():
     from roller.model import accumulator_parent
     e = conv2d_nhwc(1, 42, 42, 168, 168, 1, 1)
