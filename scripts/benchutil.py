@@ -1,5 +1,5 @@
 """What the benchmark scripts share: timing implementations alternately (roller.timing, re-exported
-here), the peer implementations (numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel
+here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel
 numpy runs.
 
 Imported by scripts/bench_ops.py, scripts/bench_suite.py and scripts/bench_matmul.py (run as
@@ -17,6 +17,29 @@ import numpy as np
 
 
 from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
+
+# Bytes written between cold calls: more than the last-level caches of the machines we run on, so that a
+# call finds none of its operands cached (inside a model, the other layers leave a layer's weights in memory).
+FLUSH_BYTES = 64 << 20
+
+
+class ColdTimer:
+    """Times single calls of a function, each right after FLUSH_BYTES written have pushed everything else
+    out of the caches; ``clock`` is the clock to read (time.perf_counter, or time.thread_time on one thread)."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self._flush = np.ones(FLUSH_BYTES // 8)
+
+    def __call__(self, fn: Callable[[], Any], calls: int = 5) -> list[float]:
+        """Seconds of each of ``calls`` cold calls of ``fn``."""
+        out = []
+        for _ in range(calls):
+            np.add(self._flush, 1.0, out=self._flush)
+            start = self.clock()
+            fn()
+            out.append(self.clock() - start)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

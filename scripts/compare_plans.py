@@ -85,7 +85,7 @@ def main() -> None:
     from roller.profile import TOLERANCE
 
     from bench_suite import _pairs
-    from benchutil import peers
+    from benchutil import ColdTimer, peers
 
     device = roller.load_device()
     spec = ops.OPS[args.op].with_options(**_pairs(args.options, "--options", False))
@@ -129,14 +129,10 @@ def main() -> None:
     clock = time.thread_time if args.cpu_time else time.perf_counter
     times: dict[str, list[float]] = {name: [] for name, _ in impls}
     if args.cold:
-        flush = np.ones(64 << 20 >> 3)
+        cold = ColdTimer(clock)
         for _ in range(args.rounds):
             for name, fn in impls:
-                for _ in range(5):
-                    np.add(flush, 1.0, out=flush)
-                    start = clock()
-                    fn()
-                    times[name].append(clock() - start)
+                times[name] += cold(fn)
     for _ in range(0 if args.cold else args.rounds):
         for name, fn in impls:
             start, calls = clock(), 0

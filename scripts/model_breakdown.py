@@ -3,11 +3,13 @@ own per-node profile of the same layers.
 
     PYTHONPATH=$PWD python3 scripts/model_breakdown.py --model mobilenet_v2
     PYTHONPATH=$PWD python3 scripts/model_breakdown.py --model resnet50 --rounds 5 --json out.json
+    PYTHONPATH=$PWD python3 scripts/model_breakdown.py --model resnet50 --cold   # also on cold caches
 
 Roller's side: the model is compiled as ``roller compile --no-profile`` does; every distinct PrimFunc of
 the built library is called alone on random arguments of its real shapes (warm caches: its inputs stay in
 L2 between calls, unlike in the model) and timed in rounds (every function once a round, median of the
-rounds); "roller us" is that times its calls. "In the model" is each function's time inside whole runs of
+rounds); "roller us" is that times its calls. With ``--cold`` each is also timed in single calls right
+after a 64 MB write (``benchutil.ColdTimer``): all its operands, weights and activations, from memory. "In the model" is each function's time inside whole runs of
 the model (the Relax VM's instrument around every call), on the caches the model leaves it, as
 onnxruntime's profiled nodes are: compare onnxruntime with that column.
 
@@ -44,6 +46,7 @@ sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
 
 from bench_models import _models  # noqa: E402
+from benchutil import ColdTimer  # noqa: E402
 from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: E402
 
 # Anchor kinds: roller's fused-function names start with TVM's operator name, ONNX nodes have op types
@@ -267,7 +270,8 @@ def in_model_us(cm, feeds, runs: int, clock) -> tuple[dict[str, float], float]:
     return {name: t / runs * 1e6 for name, t in spent.items()}, statistics.median(beyond) * 1e6
 
 
-def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None, threads: int | None = None) -> dict:
+def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None, threads: int | None = None,
+              cold: bool = False) -> dict:
     import roller
     from roller import frontend
     from roller.tvmutil import set_threads
@@ -284,14 +288,19 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     # shared machine (onnxruntime's profiled node times stay wall times: under load, ResNet-50's summed to
     # its end-to-end CPU time while its runs got 55% of the core: the preemption fell outside its nodes)
     one = threads == 1
+    cold_timer = ColdTimer(time.thread_time if one else time.perf_counter) if cold else None
+    cold_times: list[list[float]] = [[] for _ in funcs]
     for r in range(rounds):  # roller's functions and onnxruntime's profiled runs alternate
         time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.timing)
-        for t, call in zip(times, calls):
+        for t, c, call in zip(times, cold_times, calls):
             t.append(cpu_seconds(call, target) if one else median_seconds(call, target, repeats=1))
+            if cold_timer is not None:  # the same function on caches that hold none of its operands
+                c += cold_timer(call, 3)
         time.sleep(SETTLE_SECONDS)
         prof.run(ort_runs // rounds + (r < ort_runs % rounds))
-    for f, t in zip(funcs, times):
+    for f, t, c in zip(funcs, times, cold_times):
         f["us"] = statistics.median(t) * 1e6
+        f["cold_us"] = statistics.median(c) * 1e6 if c else None
     nodes = prof.nodes()
     feeds = cm.random_inputs()
     sess = frontend.onnxruntime_session(proto, threads)
@@ -335,15 +344,19 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
 def table(res: dict) -> str:
     funcs = sorted(res["functions"], key=lambda f: -f["total_us"])
     total = res["roller_sum_us"] or 1.0
+    cold = any(f.get("cold_us") for f in funcs)
     lines = [f"### {res['model']} (device {res['device']}, {res['threads']} thread(s), load {res['load'][0]:.2f})", "",
-             "| function | rule | calls | roller us/call | roller us | roller us in the model | onnxruntime us (nodes) "
-             "| ort / roller | ort / roller in the model | share of roller |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| function | rule | calls | roller us/call |" + (" cold us/call |" if cold else "")
+             + " roller us | roller us in the model | onnxruntime us (nodes) "
+             "| ort / roller | ort / roller in the model | share of roller |",
+             "|---|---|---|---|" + ("---|" if cold else "") + "---|---|---|---|---|---|"]
     for f in funcs:
         ort = f"{f['ort_us']:.0f} ({', '.join(f['ort_ops'])})" if f["ort_us"] is not None else "- (no node)"
         ratio = f"{f['ort_us'] / f['total_us']:.2f}" if f["ort_us"] is not None and f["total_us"] else "-"
         inside = f.get("model_us")
         ratio_in = f"{f['ort_us'] / inside:.2f}" if f["ort_us"] is not None and inside else "-"
-        lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} | {f['total_us']:.0f} | "
+        cold_col = (f" {f['cold_us']:.1f} |" if f.get("cold_us") else " - |") if cold else ""
+        lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} |{cold_col} {f['total_us']:.0f} | "
                      f"{f'{inside:.0f}' if inside is not None else '-'} | {ort} | {ratio} | {ratio_in} | {f['total_us'] / total:.1%} |")
     glue = [f for f in funcs if f["ort_us"] is None]
     lines += ["", f"roller functions with no onnxruntime counterpart (layout transforms, copies, unfused "
@@ -356,7 +369,9 @@ def table(res: dict) -> str:
                                           f"as profiled (wall; its runs got {res['ort_cpu_share']:.0%} of the core)"
                                           if res["clock"] != "wall" else ""),
               f"sum of parts: roller {res['roller_sum_us']:.0f} us alone, "
-              f"{sum(f.get('model_us') or 0 for f in res['functions']):.0f} us in the model, "
+              + (f"{sum(f['cold_us'] * f['calls'] for f in funcs if f.get('cold_us')):.0f} us alone on cold caches, "
+                 if cold else "")
+              + f"{sum(f.get('model_us') or 0 for f in res['functions']):.0f} us in the model, "
               f"onnxruntime {res['ort_sum_us']:.0f} us "
               f"(profiled run; median of {res['ort_runs']})",
               f"end to end (alternated, median of {res['rounds']}): roller {res['roller_model_us']:.0f} us, "
@@ -378,13 +393,16 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="threads for roller and onnxruntime (default: the device's cores; 1 is steadier on a shared machine)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--cold", action="store_true",
+                   help="also time each function alone on cold caches (benchutil.ColdTimer: 3 calls a round, "
+                        "each after a 64 MB write), where neither its weights nor its activations are cached")
     args = p.parse_args(argv)
     if args.model not in _models():
         p.error(f"unknown model {args.model!r}; choose from {', '.join(_models())}")
     t = time.perf_counter()
     if args.threads:
         os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
-    res = breakdown(args.model, args.rounds, args.ort_runs, args.target, args.device, args.threads)
+    res = breakdown(args.model, args.rounds, args.ort_runs, args.target, args.device, args.threads, args.cold)
     print(table(res))
     print(f"({time.perf_counter() - t:.0f} s; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})")
     if args.json:
