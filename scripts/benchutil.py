@@ -1,6 +1,6 @@
 """What the benchmark scripts share: timing implementations alternately (roller.timing, re-exported
-here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel
-numpy runs.
+here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of
+roller's named operators, and which OpenBLAS kernel numpy runs.
 
 Imported by scripts/bench_ops.py, scripts/bench_suite.py and scripts/bench_matmul.py (run as
 ``python scripts/NAME.py``, which puts scripts/ on sys.path).
@@ -18,14 +18,30 @@ import numpy as np
 
 from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
 
-# Bytes written between cold calls: more than the last-level caches of the machines we run on, so that a
-# call finds none of its operands cached (inside a model, the other layers leave a layer's weights in memory).
-FLUSH_BYTES = 64 << 20
+def last_cache_bytes() -> int:
+    """Bytes of this machine's last-level cache as Linux reports it (0 where it does not). Not the device
+    spec's L3: a VM's spec may give its share, and the host's whole cache keeps data between calls
+    (here 300 MiB, where 64 MB written evicted none of ResNet-50's weights)."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text = open(path).read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=0)
+
+
+# Bytes written between cold calls: twice the last-level cache (and at least 64 MB), so that a call finds
+# none of its operands cached (inside a model, the other layers leave a layer's weights in memory).
+FLUSH_BYTES = max(64 << 20, 2 * last_cache_bytes())
 
 
 class ColdTimer:
     """Times single calls of a function, each right after FLUSH_BYTES written have pushed everything else
-    out of the caches; ``clock`` is the clock to read (time.perf_counter, or time.thread_time on one thread)."""
+    out of the caches (a write of 600 MB takes ~0.1 s); ``clock`` is the clock to read (time.perf_counter,
+    or time.thread_time on one thread)."""
 
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock

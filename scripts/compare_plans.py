@@ -20,8 +20,9 @@ derives packing from the tiles itself, so an edited ``packed`` field is not refl
 In a whole model the weights are constants, stored packed in the plan's tiles (``roller.prepack``), and
 other work between calls pushes them out of the caches. ``--constants W`` plans and builds as for a model
 whose input ``W`` is a constant (the kernel takes it prepacked; the model charges no copy), and ``--cold``
-times single calls each after a 64 MB write has flushed the caches, the weights then coming from memory as
-they do inside a model (median of the calls; with ``--cpu-time`` in thread CPU time).
+times single calls each after a write of twice the last cache has flushed the caches, the weights then
+coming from memory as they do inside a model (median of the calls; with ``--cpu-time`` in thread CPU
+time).
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true", help="measure this thread's CPU time (one thread)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--constants", default="", help="inputs that are constants (prepacked), e.g. W")
-    ap.add_argument("--cold", action="store_true", help="flush the caches (64 MB written) before each timed call")
+    ap.add_argument("--cold", action="store_true",
+                    help="flush the caches (twice the last cache written) before each timed call")
     args = ap.parse_args()
 
     import numpy as np

@@ -9,9 +9,10 @@ Roller's side: the model is compiled as ``roller compile --no-profile`` does; ev
 the built library is called alone on random arguments of its real shapes (warm caches: its inputs stay in
 L2 between calls, unlike in the model) and timed in rounds (every function once a round, median of the
 rounds); "roller us" is that times its calls. With ``--cold`` each is also timed in single calls right
-after a 64 MB write (``benchutil.ColdTimer``): all its operands, weights and activations, from memory. "In the model" is each function's time inside whole runs of
-the model (the Relax VM's instrument around every call), on the caches the model leaves it, as
-onnxruntime's profiled nodes are: compare onnxruntime with that column.
+after a write of twice the last cache (``benchutil.ColdTimer``): all its operands, weights and
+activations, from memory. "In the model" is each function's time inside whole runs of the model (the
+Relax VM's instrument around every call), on the caches the model leaves it, as onnxruntime's profiled
+nodes are: compare onnxruntime with that column.
 
 onnxruntime's side: a session with ``enable_profiling`` (same threads as roller, default optimizations)
 runs the model ``--ort-runs`` times, in turns with roller's rounds; each node's median duration is taken
@@ -395,7 +396,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--cold", action="store_true",
                    help="also time each function alone on cold caches (benchutil.ColdTimer: 3 calls a round, "
-                        "each after a 64 MB write), where neither its weights nor its activations are cached")
+                        "each after a write of twice the last cache): neither weights nor activations cached")
     args = p.parse_args(argv)
     if args.model not in _models():
         p.error(f"unknown model {args.model!r}; choose from {', '.join(_models())}")

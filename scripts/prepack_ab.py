@@ -5,8 +5,8 @@
 Compiles the model twice in this process (``compile_model(prepack=True)`` and ``prepack=False``, the same
 plans otherwise unless the model's ranking changed; the report says which functions differ), then times
 in this thread's CPU time, the two alternating: every function that takes a constant packed, alone with
-its arguments in the caches ("hot") and after a 64 MB write flushed them ("cold": a weight read from
-memory, as in a whole model too large for the caches), and the whole model. Medians of ``--rounds``.
+its arguments in the caches ("hot") and after a write of twice the last cache flushed them ("cold": a
+weight read from memory, as in a whole model too large for the caches), and the whole model. Medians of ``--rounds``.
 With ``--prefetch`` both builds prepack, and they differ in the prefetch of each prepacked weight's next
 top-tile block (``roller.codegen.prefetch``): with it / without it.
 """
@@ -23,23 +23,14 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM's thread pool starts
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-import numpy as np  # noqa: E402
 
 from bench_models import _models  # noqa: E402
+from benchutil import ColdTimer  # noqa: E402
 from model_breakdown import cpu_seconds, roller_functions  # noqa: E402
 
-FLUSH_BYTES = 64 << 20
-
-
-def cold_seconds(fn, flush, calls: int = 15) -> float:
-    """Median thread CPU seconds of ``fn`` called right after ``flush``."""
-    out = []
-    for _ in range(calls):
-        flush()
-        t = time.thread_time()
-        fn()
-        out.append(time.thread_time() - t)
-    return statistics.median(out)
+def cold_seconds(fn, cold: ColdTimer, calls: int = 15) -> float:
+    """Median thread CPU seconds of ``fn`` called on cold caches."""
+    return statistics.median(cold(fn, calls))
 
 
 def main(argv=None) -> int:
@@ -62,11 +53,7 @@ def main(argv=None) -> int:
     prefetch.ENABLED = True
     funcs = {k: dict((f["name"], (f, call)) for f, call in zip(*roller_functions(cm))) for k, cm in cms.items()}
     reports = {k: {r.name: r for r in cm.report} for k, cm in cms.items()}
-    big = np.ones(FLUSH_BYTES // 8)
-
-    def flush():
-        np.add(big, 1.0, out=big)
-
+    flush = ColdTimer(time.thread_time)
     what = "prefetched / not" if args.prefetch else "prepacked / packed per call"
     print(f"{args.model}, 1 thread, thread CPU time, medians of {args.rounds} rounds (us): {what}")
     sums = {"hot": [0.0, 0.0], "cold": [0.0, 0.0]}
