@@ -340,9 +340,9 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
     """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than
     max(topk, RANK_POOL) plans exist, or while some vector-axis candidate has none yet (its aligned tiles
     may need a little padding where another candidate's do not: every candidate reaches the model's
-    ranking). ``constants`` names
-    inputs that are constants at every call (a model's weights): they are packed once, ahead of the kernel,
-    in the plan's tiles (``RProgram.prepacked``), and the model charges no copy for them."""
+    ranking). ``constants`` names inputs that are constants at every call (a model's weights): they are
+    packed once, ahead of the kernel, in the plan's tiles (``RProgram.prepacked``), and the model charges
+    no copy for them."""
     if topk < 1:
         raise InvalidShapeError(f"topk must be at least 1, got {topk}")
     if not device.private_levels:

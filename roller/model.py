@@ -444,16 +444,20 @@ def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: in
     return 0.0 if memory_bound(expr, device) else spread * tile_seconds * waves
 
 
+def private_fill(expr: Expr, device: Device) -> float:
+    """The operator's bytes over all the units' outermost private caches together (0 without any)."""
+    private = device.private_levels
+    return tensor_bytes(expr) / (private[-1].capacity_bytes * device.units.count) if private else 0.0
+
+
 def resident_share(expr: Expr, device: Device) -> float:
     """The share of the operator's bytes a CPU's units find in their outermost private caches at its next
     call (a kernel called again on the same tensors, or on the output of the one before finds them there:
     400 KB of rows summed at 141 GB/s, more than twice the 60 GB/s of the shared L3), from 1 up to
     RESIDENT_FULL of those caches' capacity down to 0 from RESIDENT_NONE; 0 on other devices."""
-    private = device.private_levels
-    if device.kind != "cpu" or not private:
+    if device.kind != "cpu" or not device.private_levels:
         return 0.0
-    fill = tensor_bytes(expr) / (private[-1].capacity_bytes * device.units.count)
-    return min(1.0, max(0.0, (RESIDENT_NONE - fill) / (RESIDENT_NONE - RESIDENT_FULL)))
+    return min(1.0, max(0.0, (RESIDENT_NONE - private_fill(expr, device)) / (RESIDENT_NONE - RESIDENT_FULL)))
 
 
 def shared_source(expr: Expr, device: Device) -> MemoryLevel:

@@ -22,7 +22,8 @@ a peer whose output differs from the reference is reported, not compared.
 Per case: times, ratio = best peer time / roller top-10 time (> 1: roller is faster), top-1 / top-10
 time, GFLOP/s and, for memory-bound cases (arithmetic intensity over all tensors below the device's
 balance), GB/s against the calibrated bandwidth of where the data lives between calls (the L2s, the
-shared level, or a mix of the two near the L2s' capacity: ``roller.model.source_bandwidth``). At the end a Markdown table, a CSV (``--out DIR``) and one summary line:
+shared level, or a mix of the two near the L2s' capacity: ``roller.model.source_bandwidth``). At the end
+a Markdown table, a CSV (``--out DIR``) and one summary line:
 cases, verified, worst ratio, geomean ratio, share >= 0.9x, median and max build seconds, top-1/top-10
 (median, and cases within 10%), memory-bound cases at >= 80% of their level's bandwidth, measured/model.
 

@@ -357,7 +357,8 @@ def table(res: dict) -> str:
         inside = f.get("model_us")
         ratio_in = f"{f['ort_us'] / inside:.2f}" if f["ort_us"] is not None and inside else "-"
         cold_col = (f" {f['cold_us']:.1f} |" if f.get("cold_us") else " - |") if cold else ""
-        lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} |{cold_col} {f['total_us']:.0f} | "
+        lines.append(f"| {f['name']} | {f['scheduled_by']} | {f['calls']} | {f['us']:.1f} |{cold_col} "
+                     f"{f['total_us']:.0f} | "
                      f"{f'{inside:.0f}' if inside is not None else '-'} | {ort} | {ratio} | {ratio_in} | {f['total_us'] / total:.1%} |")
     glue = [f for f in funcs if f["ort_us"] is None]
     lines += ["", f"roller functions with no onnxruntime counterpart (layout transforms, copies, unfused "

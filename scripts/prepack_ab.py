@@ -6,7 +6,8 @@ Compiles the model twice in this process (``compile_model(prepack=True)`` and ``
 plans otherwise unless the model's ranking changed; the report says which functions differ), then times
 in this thread's CPU time, the two alternating: every function that takes a constant packed, alone with
 its arguments in the caches ("hot") and after a write of twice the last cache flushed them ("cold": a
-weight read from memory, as in a whole model too large for the caches), and the whole model. Medians of ``--rounds``.
+weight read from memory, as in a whole model too large for the caches), and the whole model. Medians of
+``--rounds``.
 With ``--prefetch`` both builds prepack, and they differ in the prefetch of each prepacked weight's next
 top-tile block (``roller.codegen.prefetch``): with it / without it.
 """
@@ -22,7 +23,6 @@ from pathlib import Path
 os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM's thread pool starts
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-
 
 from bench_models import _models  # noqa: E402
 from benchutil import ColdTimer  # noqa: E402
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     prefetch.ENABLED = True
     funcs = {k: dict((f["name"], (f, call)) for f, call in zip(*roller_functions(cm))) for k, cm in cms.items()}
     reports = {k: {r.name: r for r in cm.report} for k, cm in cms.items()}
-    flush = ColdTimer(time.thread_time)
+    cold_timer = ColdTimer(time.thread_time)
     what = "prefetched / not" if args.prefetch else "prepacked / packed per call"
     print(f"{args.model}, 1 thread, thread CPU time, medians of {args.rounds} rounds (us): {what}")
     sums = {"hot": [0.0, 0.0], "cold": [0.0, 0.0]}
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         for _ in range(args.rounds):
             for i, fn in enumerate((call, other)):
                 hot[i].append(cpu_seconds(fn, 0.05))
-                cold[i].append(cold_seconds(fn, flush))
+                cold[i].append(cold_seconds(fn, cold_timer))
         h, c = [statistics.median(x) for x in hot], [statistics.median(x) for x in cold]
         same = all(reports[True][name].plan.get(k) == reports[False][name].plan.get(k) for k in ("tiles", "vector_axis"))
         for key, v in (("hot", h), ("cold", c)):

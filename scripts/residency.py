@@ -30,7 +30,7 @@ def main(argv=None) -> int:
 
     from roller import ops
     from roller.api import build_op
-    from roller.model import launch_seconds, resident_share, shared_source, tensor_bytes
+    from roller.model import launch_seconds, private_fill, resident_share, shared_source, tensor_bytes
     from roller.timing import time_alternately
 
     dev = tvm.cpu()
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         device, expr = r.device, r.expr
         private = device.private_levels[-1]
         nbytes = tensor_bytes(expr)
-        fill = nbytes / (private.capacity_bytes * device.units.count)
+        fill = private_fill(expr, device)
         hi, lo = private.total_bandwidth_gbps * 1e9, shared_source(expr, device).total_bandwidth_gbps * 1e9
         moving = max(t - launch_seconds(device, device.units.count), 1e-9)
         share = (1 / lo - moving / nbytes) / (1 / lo - 1 / hi)
