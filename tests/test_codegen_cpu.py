@@ -394,6 +394,25 @@ def test_inlined_and_staged_padding_numerics(device, op, shape):
 
 
 @pytest.mark.build
+def test_a_tile_wider_than_a_short_vector_axis_runs_whole_vectors(device):
+    """A register tile of 48 channels over 36 (the whole axis, not a whole number of vectors) and its
+    write-back run 16-lane vectors, the last one predicated: vectorized whole, 84 channels of an average
+    pool ran 16x slower. The kernel stays right at the tail."""
+    from roller.api import analyze as api_analyze
+    from roller.construct import construct
+
+    spec, shape = ops.OPS["pool2d"].with_options(kind="avg"), dict(N=1, H=6, W=5, C=36, R=3, S=3, pad=1)
+    expr, func = api_analyze(spec.make(shape))
+    first = construct(expr, device, topk=1).programs[0]
+    prog = dataclasses.replace(first, tiles=tuple(dict(t, c=48) for t in first.tiles), predicated=("c",),
+                               padded=())
+    text = schedule(func, expr, prog, device).mod.script()
+    assert "T.vectorized(16)" in text and "T.vectorized(36)" not in text, text
+    assert "range(36)" not in text, text  # the write-back is not left scalar
+    run_against_numpy(spec, func, expr, prog, device, shape)
+
+
+@pytest.mark.build
 @pytest.mark.parametrize("shape", [dict(N=1, H=10, W=9, C=32, K=32, R=3, S=3, pad=1, groups=8),   # 4 a group
                                    dict(N=1, H=7, W=6, C=12, K=18, R=3, S=3, pad=1, groups=6)])  # 2 in, 3 out
 def test_group_replication_is_vectorized_in_runs_of_one_broadcast_element(device, shape):

@@ -286,7 +286,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if vec is not None and vec.levels[0] is not None:
         vloop = vec.levels[0]
         vext = _loop_extent(sch, vloop)
-        if vext > lanes and vext % lanes == 0:
+        if vext > lanes:
+            # whole vectors; a tile wider than a short axis (84 channels in a 96-wide tile) keeps its
+            # overhang as a predicated last vector: vectorized whole, 84 lanes ran 16x slower
             outer, vloop = sch.split(vloop, [None, lanes])
             sch.unroll(outer)
         if vext > 1:
@@ -366,8 +368,10 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
     n = int(ext)
     run = int(sch.get(block).annotations.get(LANE_RUN, 0))
     width = run if 1 < run < lanes and n % run == 0 else lanes  # runs of one element broadcast (LANE_RUN)
-    if n >= width and n % width == 0:
+    if n >= width and (n % width == 0 or width == lanes):
         if n > width:
+            # a row longer than a vector but not a whole number of them (84 channels) ends in a
+            # predicated vector, as the register tile's do: left scalar it cost a 96-channel tile 2x
             _, inner = sch.split(inner, [None, width])
         _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
