@@ -420,22 +420,27 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
     rules = LevelRules.of(device, len(tiles) - 2, expr, vector_axis)
     reduced = {a.name for a in expr.reduce_axes}
     packed, pads = [], {}
+
+    def row_pad(t: TensorAccess, region: tuple[int, ...]) -> int:
+        # whole vectors, then one cache line more where the lower tile reads part of each row and the row
+        # stride would map a column onto few cache sets (a staged window too: a 3x3 conv on 14x14x256
+        # walking 14 rows 8 KiB apart, 1242 -> 998 us)
+        row = region[-1] + vector_row_pad(t, region, rules.vector_axis, rules.lanes)
+        pad = rules.storage_pad_bytes(row * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
+        return row - region[-1] + (max(1, pad // t.elem_bytes) if pad else 0)
+
     for t in expr.inputs:
         region = t.region(top)
         if not t.packed_order:  # a transposed layout is always a packed copy
             if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
-                if len(region) >= 2 and t.name in copied_stages(expr, inlined):
-                    pad = vector_row_pad(t, region, rules.vector_axis, rules.lanes)  # the staged window
-                    if pad:
-                        pads[t.name] = pad
+                if len(region) >= 2 and t.name in copied_stages(expr, inlined) and row_pad(t, region):
+                    pads[t.name] = row_pad(t, region)  # the staged window
                 continue
             if not rereads(expr, t, top, under):
                 continue
         packed.append(t.name)
-        row = region[-1] + vector_row_pad(t, region, rules.vector_axis, rules.lanes)
-        pad = rules.storage_pad_bytes(row * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
-        if row - region[-1] + pad:
-            pads[t.name] = row - region[-1] + max(1 if pad else 0, pad // t.elem_bytes)
+        if row_pad(t, region):
+            pads[t.name] = row_pad(t, region)
     return tuple(packed), pads
 
 

@@ -234,6 +234,22 @@ def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
         assert p.footprint_bytes["L2"] <= DEV.level("L2").usable_bytes
 
 
+def test_staged_window_rows_are_padded_against_cache_set_conflicts():
+    """A padding stage copied per top tile gets the packed copies' set padding: a 3x3 conv on 14x14x256
+    whose top tile stages 16 x 16 pixels x 128 channels (rows 8 KiB apart) while its L1 tile reads 16
+    channels of each pixel pads every pixel by one line; a tile reading whole pixels pads nothing; a
+    stage read in place (inlined) has no copy to pad."""
+    from roller.rtile import packing
+    e = dataclasses.replace(conv2d_nhwc(1, 14, 14, 256, 256, 3, 3), staged=("X",), inlinable=("X",))
+    part = [{"n": 1, "h": 14, "w": 1, "k": 16, "r": 3, "s": 1, "c": 1},
+            {"n": 1, "h": 14, "w": 2, "k": 16, "r": 3, "s": 3, "c": 16},
+            {"n": 1, "h": 14, "w": 14, "k": 64, "r": 3, "s": 3, "c": 128}]
+    assert packing(e, part, DEV)[1]["X"] == 16
+    whole = [dict(t, c=128) for t in part]
+    assert "X" not in packing(e, whole, DEV)[1]
+    assert "X" not in packing(e, part, DEV, inlined=("X",))[1]
+
+
 def test_short_strided_rows_cost_the_calibrated_efficiency():
     """A top tile taking part of each row of an input streams it at the calibrated small-transfer
     efficiency (64 B rows of a 384 B row: 42% on the calibrated machine); whole rows and scalars cost nothing
