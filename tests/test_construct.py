@@ -419,6 +419,10 @@ def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
     # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
     assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
         e, [reg, t(28, 1, 64, 32), top], DEV, "k").seconds
+    # chunks of the top tile's reduction keep its whole output tile between them (28 x 14 x 256 floats,
+    # 392 KiB: in L2, not L1): each move costs L1's bandwidth over L2's (200 / 100 GB/s on this spec)
+    split_top = accumulator_seconds(e, [reg, t(28, 1, 64, 32), t(28, 14, 256, 32)], DEV, "k")
+    assert split_top == pytest.approx(two * 2)
 
 
 def test_construction_offers_two_vector_register_tiles_and_reduction_chunks_of_one_register_tile():
