@@ -79,6 +79,41 @@ def test_nothing_to_balance_comes_back_unchanged():
     assert balance_grid(_scaled, 40).same_as(_scaled)  # fewer iterations than cores
 
 
+@T.prim_func(s_tir=True)
+def _tail_split(A: T.Buffer((37, 8), "float32"), C: T.Buffer((37, 8), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i in T.parallel(37, annotations={"pragma_loop_partition_hint": 1}):
+        for j in range(8):
+            with T.sblock("C"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj] * T.float32(2.0)
+
+
+def test_a_grid_loop_whose_tail_lowering_splits_off_is_not_balanced():
+    """A predicated axis's grid loop carries a partition hint: lowering splits its last tile off, which
+    the stealing loop would prevent (the bound would stay in every tile, a predicated vector loop running
+    scalar); it keeps the fixed split."""
+    assert balance_grid(_tail_split, 2).same_as(_tail_split)
+    device = load_device("x86-avx512", calibrated=False)
+    spec = ops.OPS["conv2d"]
+    shape = spec.full_shape({"N": 1, "H": 6, "W": 6, "C": 8, "K": 42, "R": 1, "S": 1})
+    an = analyze(spec.make(shape))
+    first = construct(an.expr, device, topk=1).programs[0]
+    reg = {**first.tiles[0], "h": 1, "w": 6, "k": 16, "c": 1}
+    whole = {**first.tiles[0], "h": 6, "w": 6, "k": 16, "c": 8}  # three tiles of output channels, one partial
+    plan = dataclasses.replace(first, tiles=(reg, whole, whole), predicated=("k",), padded=(),
+                               predicted_seconds=MIN_SECONDS * 10)
+    assert worth_balancing(an.expr, plan, device)  # compute-bound and long enough: balanced but for the hint
+    func = schedule(an.func, an.expr, plan, device).mod["main"]
+    assert "pthread_spin_lock" not in func.script()
+    ins = spec.inputs(shape)
+    ref = spec.reference(ins, shape)
+    ex = compile_for(tvm.IRModule({"main": func}), target_for(device))
+    out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+    ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_memory_bound_operators_keep_the_fixed_split():
     # each core's part of the tensors stays in its own L2 between calls only under the fixed split
     device = load_device("x86-avx512", calibrated=False)
