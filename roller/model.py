@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 from .device import Device, MemoryLevel
 from .expr import REDUCE, Expr
 from .prepack import prepackable
-from .rtile import (LevelRules, ceil_div, compute_lanes, copied_stages, layout_expr, level_footprints, packing,
+from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
 from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction,
                     stack_array, tail_options, tiling_extents, transposed_elements)
