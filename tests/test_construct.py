@@ -252,11 +252,12 @@ def test_staged_window_rows_are_padded_against_cache_set_conflicts():
 
 def test_short_strided_rows_cost_the_calibrated_efficiency():
     """A top tile taking part of each row of an input streams it at the calibrated small-transfer
-    efficiency (64 B rows of a 384 B row: 42% on the calibrated machine); whole rows and scalars cost nothing
-    more; without a calibration nothing is charged."""
+    efficiency (64 B rows of a 384 B row: 42% on the calibrated machine) for the bytes that come from
+    beyond the private caches; whole rows and scalars cost nothing more; without a calibration, or with
+    the data in the L2s, nothing is charged."""
     from roller.device import load_device
     from roller.expr import Axis, Expr, TensorAccess
-    from roller.model import short_row_bytes
+    from roller.model import resident_share, short_row_bytes
     from roller.rtile import LevelRules
 
     plain = load_device("x86-avx512", calibrated=False)
@@ -266,15 +267,23 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     assert dev.run_efficiency(64) == 0.5 and dev.run_efficiency(96) == pytest.approx(0.65)
     assert dev.run_efficiency(192) == pytest.approx(0.9) and dev.run_efficiency(4096) == 1.0
     assert plain.run_efficiency(64) == 1.0
-    e = Expr("copy", (Axis("i", 64, "spatial"), Axis("j", 96, "spatial")),
-             (TensorAccess("A", (64, 96), "float32", ((("i", 1),), (("j", 1),))),
-              TensorAccess("s", (), "float32", ())),
-             TensorAccess("B", (64, 96), "float32", ((("i", 1),), (("j", 1),))), flops_per_point=1)
+    def copy(rows):
+        return Expr("copy", (Axis("i", rows, "spatial"), Axis("j", 96, "spatial")),
+                    (TensorAccess("A", (rows, 96), "float32", ((("i", 1),), (("j", 1),))),
+                     TensorAccess("s", (), "float32", ())),
+                    TensorAccess("B", (rows, 96), "float32", ((("i", 1),), (("j", 1),))), flops_per_point=1)
+
+    e = copy(64 * 256)  # 12.6 MB: from memory
+    assert resident_share(e, dev) == 0
     top = LevelRules.of(dev, len(dev.private_levels) - 1, e, "j")
     strided = short_row_bytes(e, {"i": 64, "j": 16}, top, dev)
-    assert strided == pytest.approx(64 * 64 * 6 * (1 / 0.5 - 1))  # 64 rows of 64 B per tile, 6 tiles, at 50%
+    assert strided == pytest.approx(64 * 64 * 6 * 256 * (1 / 0.5 - 1))  # 64 rows of 64 B a tile, 1536 tiles, at 50%
     assert short_row_bytes(e, {"i": 8, "j": 96}, top, dev) == 0.0
     assert short_row_bytes(e, {"i": 64, "j": 16}, top, plain) == 0.0
+    small = copy(64)  # 49 KB: the L2s hold it, its lines come whole
+    assert resident_share(small, dev) == 1
+    assert short_row_bytes(small, {"i": 64, "j": 16}, LevelRules.of(dev, len(dev.private_levels) - 1, small, "j"),
+                           dev) == 0.0
 
 
 def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
