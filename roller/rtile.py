@@ -433,14 +433,16 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
         region = t.region(top)
         if not t.packed_order:  # a transposed layout is always a packed copy
             if len(region) < 2 or region[-1] >= t.shape[-1] or not reduced or reduced & set(t.innermost_axes()):
-                if len(region) >= 2 and t.name in copied_stages(expr, inlined) and row_pad(t, region):
-                    pads[t.name] = row_pad(t, region)  # the staged window
+                pad = row_pad(t, region) if len(region) >= 2 and t.name in copied_stages(expr, inlined) else 0
+                if pad:
+                    pads[t.name] = pad  # the staged window
                 continue
             if not rereads(expr, t, top, under):
                 continue
         packed.append(t.name)
-        if row_pad(t, region):
-            pads[t.name] = row_pad(t, region)
+        pad = row_pad(t, region)
+        if pad:
+            pads[t.name] = pad
     return tuple(packed), pads
 
 

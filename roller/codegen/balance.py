@@ -97,8 +97,8 @@ PARTITION_HINT = "pragma_loop_partition_hint"
 def balance_grid(func, units: int):
     """``func`` (a scheduled PrimFunc) with each parallel loop of more than ``units`` iterations run by
     ``units`` tasks that walk their own shares and steal from each other's (see the module docstring):
-    the loops at the top of its root block, where roller's schedules put them. ``func`` itself when it
-    has none."""
+    the loops at the top of its root block, where roller's schedules put them, except those carrying a
+    partition hint (PARTITION_HINT). ``func`` itself when it has none."""
     from tvm import tirx as tir
 
     realize = func.body
@@ -116,8 +116,8 @@ def balance_grid(func, units: int):
             # a predicated axis's tail is split off this loop at lowering, which the stealing loop would
             # prevent (its bounds are loads the partition pass takes for invariants: wrong results when
             # kept) and leave the bound in every tile: a predicated vector loop ran scalar (depthwise 5x5
-            # on 83x83x42 in 16-channel tiles: ~1 ms, 216 us split off), a predicated row kept its
-            # accumulators in memory (1x1 conv on 71x71x36: 121 us, 96 padded)
+            # on 83x83x42 in 16-channel tiles: ~1 ms, 205 us split off), a predicated row kept its
+            # accumulators in memory (1x1 conv on 71x71x36: 130 us, 111 split off)
             return None
         extent = stmt.extent.value
         state = tir.decl_buffer((1 + 2 * units,), "int32", f"grid_shares{len(states)}")  # lock, [lo, hi) a core
