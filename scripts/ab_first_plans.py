@@ -1,0 +1,105 @@
+"""Times the first plans of two plan snapshots against each other: the check that a policy change which
+moved a first plan made it faster, not just different.
+
+    python3 scripts/cpu_plans_snapshot.py --write /tmp/before.json    # before the change
+    python3 scripts/cpu_plans_snapshot.py --write /tmp/after.json     # after it
+    python3 scripts/ab_first_plans.py /tmp/before.json /tmp/after.json            # every case that moved
+    python3 scripts/ab_first_plans.py /tmp/before.json /tmp/after.json rx50_gconv3x3_56_g32 --rounds 11
+
+For each case (those named, else every suite case whose first plan differs between the two snapshots)
+both plans are built in this process and checked against numpy, then timed in turn for ``--rounds``
+rounds (``roller.timing.time_rounds``). It prints both medians, both predictions and the median of the
+rounds' old/new ratios (``roller.timing.paired_ratio``: > 1, the new plan is faster), which cancels the
+machine's speed moving between rounds, as medians taken apart do not. Plans are compared whole (tiles,
+layout, padding); the snapshots' predicted and measured figures are left out of the comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same folder)
+
+# fields of RProgram.to_dict that describe the model's figures, not the plan
+FIGURES = ("predicted_seconds", "compute_seconds", "memory_seconds", "traffic_bytes", "footprint_bytes",
+           "epsilon")
+
+
+def plan_key(plan: dict) -> str:
+    return json.dumps({k: v for k, v in plan.items() if k not in FIGURES}, sort_keys=True)
+
+
+def moved(before: dict, after: dict) -> list[str]:
+    """The cases whose first plan differs between the snapshots (skipped cases left out)."""
+    return [name for name in before if isinstance(before[name], list) and isinstance(after.get(name), list)
+            and plan_key(before[name][0]) != plan_key(after[name][0])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", help="snapshot written before the change (cpu_plans_snapshot.py --write)")
+    ap.add_argument("after", help="snapshot written after it")
+    ap.add_argument("cases", nargs="*", help="suite cases to time (default: every case whose first plan moved)")
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import tvm
+
+    import roller
+    from roller import api
+    from roller.codegen import build
+    from roller.prepack import program_layouts
+    from roller.profile import TOLERANCE
+    from roller.rprogram import RProgram
+    from roller.timing import paired_ratio, time_rounds
+
+    with open(args.before) as f:
+        before = json.load(f)
+    with open(args.after) as f:
+        after = json.load(f)
+    names = args.cases or moved(before, after)
+    cases = {c.name: c for c in load_cases(SUITE)}
+    unknown = [n for n in names if n not in cases or not isinstance(before.get(n), list)
+               or not isinstance(after.get(n), list)]
+    if unknown:
+        raise SystemExit(f"not a case of both snapshots: {', '.join(unknown)}")
+    if not names:
+        print("no first plan moved")
+        return 0
+    device = roller.load_device()
+    rtol, atol = TOLERANCE["float32"]
+    for name in names:
+        case = cases[name]
+        try:
+            spec = _spec(case)
+        except Skip as e:
+            print(f"{name}: skipped ({e})")
+            continue
+        expr, func = api.analyze(spec.make(case.shape, "float32"))
+        arrays = spec.inputs(case.shape, "float32", np.random.default_rng(1))
+        reference = spec.reference(arrays, case.shape)
+        params = [b.name for b in func.params][:len(arrays)]
+        impls, predicted = [], {}
+        for label, snapshot in (("old", before), ("new", after)):
+            plan = RProgram.from_dict(snapshot[name][0])
+            kernel = build(func, expr, plan, device)["main"]
+            layouts = program_layouts(expr, plan, device)
+            tensors = [tvm.runtime.tensor(layouts[p].apply(a) if p in layouts else a) for p, a in zip(params, arrays)]
+            tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
+            kernel(*tensors)
+            np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=f"{name} {label}")
+            impls.append((label, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
+            predicted[label] = plan.predicted_seconds
+        times = time_rounds(impls, rounds=args.rounds)
+        med = {label: statistics.median(v) for label, v in times.items()}
+        print(f"{name}: old {med['old'] * 1e6:.1f} us (predicted {predicted['old'] * 1e6:.1f}), "
+              f"new {med['new'] * 1e6:.1f} us (predicted {predicted['new'] * 1e6:.1f}), "
+              f"old/new paired {paired_ratio(times['old'], times['new']):.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
