@@ -31,6 +31,8 @@ stealing another's tiles reads that core's part from its L2 or from L3, not its 
 """
 from __future__ import annotations
 
+from .schedutil import PARTITION_HINT
+
 OWN_SHARE = 4       # a core claims a quarter of what is left of its own share at a time (at least one tile)
 ENABLED = True       # False: TVM's fixed split everywhere (for A/B timing: scripts/bench_models.py --ab-balance)
 
@@ -91,14 +93,11 @@ def worth_balancing(expr, program, device) -> bool:
     return ENABLED and balances(expr, program.predicted_seconds, device)
 
 
-PARTITION_HINT = "pragma_loop_partition_hint"
-
-
 def balance_grid(func, units: int):
     """``func`` (a scheduled PrimFunc) with each parallel loop of more than ``units`` iterations run by
     ``units`` tasks that walk their own shares and steal from each other's (see the module docstring):
     the loops at the top of its root block, where roller's schedules put them, except those carrying a
-    partition hint (PARTITION_HINT). ``func`` itself when it has none."""
+    partition hint (``schedutil.PARTITION_HINT``). ``func`` itself when it has none."""
     from tvm import tirx as tir
 
     realize = func.body

@@ -40,7 +40,7 @@ from .tirtree import with_main
 from .transpose import in_registers, mark as register_transpose
 from .schedutil import check_program as _check_program, fuse_axes as _fuse_axes
 from .schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
-from .schedutil import storage_pad as _storage_pad, try_step as _try
+from .schedutil import PARTITION_HINT, storage_pad as _storage_pad, try_step as _try
 
 
 @dataclass
@@ -281,7 +281,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                 loops.append(a.levels[0])
             for lp in loops:
                 if lp is not None:
-                    sch.annotate(lp, "pragma_loop_partition_hint", 1)
+                    sch.annotate(lp, PARTITION_HINT, 1)
     # --- reg tile: vector lanes on the vector axis, everything else in the reg tile unrolled
     if vec is not None and vec.levels[0] is not None:
         vloop = vec.levels[0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..errors import BuildError
 from ..rows import RowPlan
+from .schedutil import PARTITION_HINT
 
 
 def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
@@ -105,7 +106,7 @@ def _vectorize_columns(sch, inner, lanes: int, tail: bool) -> None:
     if n > lanes:
         outer, col = sch.split(col, [None, lanes])
         if tail:
-            sch.annotate(outer, "pragma_loop_partition_hint", 1)
+            sch.annotate(outer, PARTITION_HINT, 1)
     sch.vectorize(col)
 
 

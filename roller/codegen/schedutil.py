@@ -9,6 +9,10 @@ from ..errors import BuildError, UnsupportedExpressionError
 from ..expr import Expr
 from ..rprogram import RProgram
 
+# The loop annotation that asks lowering to split a loop's last, overhanging iterations off the others (a
+# predicated tail: TVM runs a vector loop that carries a bound as scalar code)
+PARTITION_HINT = "pragma_loop_partition_hint"
+
 
 def check_program(expr: Expr, program: RProgram) -> None:
     """BuildError unless ``program`` tiles exactly the axes of ``expr``."""
