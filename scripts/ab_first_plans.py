@@ -46,15 +46,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    import tvm
 
     import roller
     from roller import api
-    from roller.codegen import build
-    from roller.prepack import program_layouts
-    from roller.profile import TOLERANCE
     from roller.rprogram import RProgram
     from roller.timing import paired_ratio, time_rounds
+
+    from benchutil import checked_plan
 
     with open(args.before) as f:
         before = json.load(f)
@@ -70,7 +68,6 @@ def main(argv=None) -> int:
         print("no first plan moved")
         return 0
     device = roller.load_device()
-    rtol, atol = TOLERANCE["float32"]
     for name in names:
         case = cases[name]
         try:
@@ -81,17 +78,10 @@ def main(argv=None) -> int:
         expr, func = api.analyze(spec.make(case.shape, "float32"))
         arrays = spec.inputs(case.shape, "float32", np.random.default_rng(1))
         reference = spec.reference(arrays, case.shape)
-        params = [b.name for b in func.params][:len(arrays)]
         impls, predicted = [], {}
         for label, snapshot in (("old", before), ("new", after)):
             plan = RProgram.from_dict(snapshot[name][0])
-            kernel = build(func, expr, plan, device)["main"]
-            layouts = program_layouts(expr, plan, device)
-            tensors = [tvm.runtime.tensor(layouts[p].apply(a) if p in layouts else a) for p, a in zip(params, arrays)]
-            tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
-            kernel(*tensors)
-            np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=f"{name} {label}")
-            impls.append((label, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
+            impls.append((label, checked_plan(func, expr, plan, device, arrays, reference, f"{name} {label}")))
             predicted[label] = plan.predicted_seconds
         times = time_rounds(impls, rounds=args.rounds)
         med = {label: statistics.median(v) for label, v in times.items()}

@@ -58,6 +58,28 @@ class ColdTimer:
         return out
 
 
+def checked_plan(func, expr, program, device, arrays: Sequence[np.ndarray], reference: np.ndarray,
+                 label: str, dtype: str = "float32") -> Callable[[], Any]:
+    """A call of ``program``'s kernel for ``func`` on ``arrays`` (its prepacked inputs in the plan's layout),
+    built and checked once against ``reference`` at the profiler's tolerance for ``dtype`` (the output
+    starts as NaN: a kernel that skips part of it fails); AssertionError naming ``label`` otherwise."""
+    import tvm
+
+    from roller.codegen import build
+    from roller.prepack import program_layouts
+    from roller.profile import TOLERANCE
+
+    kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
+    layouts = program_layouts(expr, program, device)
+    names = [b.name for b in func.params][:len(arrays)]
+    tensors = [tvm.runtime.tensor(layouts[n].apply(a) if n in layouts else a) for n, a in zip(names, arrays)]
+    tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
+    kernel(*tensors)
+    rtol, atol = TOLERANCE[dtype]
+    np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=label)
+    return lambda: kernel(*tensors)
+
+
 # ---------------------------------------------------------------------------------------------
 # Peers
 

@@ -75,19 +75,14 @@ def main() -> None:
     args = ap.parse_args()
 
     import numpy as np
-    import tvm
-
     import roller
     from roller import ops
     from roller.api import analyze
-    from roller.codegen import build
     from roller.model import estimate
     from roller.construct import construct
-    from roller.prepack import program_layouts
-    from roller.profile import TOLERANCE
 
     from bench_suite import _pairs
-    from benchutil import ColdTimer, peers
+    from benchutil import ColdTimer, checked_plan, peers
 
     device = roller.load_device()
     spec = ops.OPS[args.op].with_options(**_pairs(args.options, "--options", False))
@@ -101,25 +96,18 @@ def main() -> None:
     ranked = construct(expr, device, topk=max(int(p.split(":")[0]) for p in args.plans) + 1,
                        constants=constants).programs
     arrays = spec.inputs(shape, "float32", np.random.default_rng(1))
-    names = [b.name for b in func.params][:len(arrays)]
     reference = spec.reference(arrays, shape)
-    rtol, atol = TOLERANCE["float32"]
     impls = []
     for text in args.plans:
         rank, _, edits = text.partition(":")
         program = edited(ranked[int(rank)], edits)
         t0 = time.perf_counter()
-        kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
-        layouts = program_layouts(expr, program, device)
-        tensors = [tvm.runtime.tensor(layouts[n].apply(a) if n in layouts else a) for n, a in zip(names, arrays)]
-        tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
-        kernel(*tensors)
-        np.testing.assert_allclose(tensors[-1].numpy(), reference, rtol=rtol, atol=atol, err_msg=text)
+        call = checked_plan(func, expr, program, device, arrays, reference, text)
         pred = estimate(expr, program.tiles, device, program.vector_axis, program.padded, program.inlined,
                         constants).seconds
         print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred {pred * 1e6:.1f} us; "
               + program.describe().replace("\n", " | "))
-        impls.append((text, (lambda k, t: (lambda: k(*t)))(kernel, tensors)))
+        impls.append((text, call))
     if not args.no_torch:
         try:
             import torch
