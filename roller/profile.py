@@ -40,6 +40,9 @@ TOLERANCE = {
     "float64": (1e-7, 1e-7), "float32": (1e-3, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2),
 }
 TARGET_MEASURE_SECONDS = 0.05  # each timed repeat runs the kernel ~this long in total
+# ... and each repeat of the screen (time_finalists), which only picks the finalists within FINALIST_RATIO of
+# the best: 0.3 s less of a ~3 s top-10 build (ten screens), where the finalists' rounds decide.
+SCREEN_SECONDS = 0.02
 REPEATS = 5
 FINALISTS = 3      # candidates re-timed with REPEATS repeats after a one-repeat screen of all
 FINALIST_RATIO = 1.15  # ... when their screen time is within this ratio of the best
@@ -487,10 +490,12 @@ class Timing:
     best: int | None  # None when there was nothing to time
 
 
-def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
+def time_finalists(timers: Mapping[int, Callable[[], float]],
+                   screens: Mapping[int, Callable[[], float]] | None = None) -> Timing:
     """Seconds per candidate from ``timers`` (index -> one timed repeat, seconds a call) and the choice: one
     repeat each screens them all; then the finalists (the model's first plan, and the few others within
-    FINALIST_RATIO of the best screen) are timed in REPEATS rounds, one repeat of each per round.
+    FINALIST_RATIO of the best screen) are timed in REPEATS rounds, one repeat of each per round (fewer
+    where no challenger can win any more, :func:`_all_lose`).
     Alternating, every finalist sees the same drift of a shared machine: timed one after another, a burst of
     other work during one candidate's repeats made a slower plan win (the profiled kernel then ran up to 2x
     slower than the model's first plan). The choice compares each finalist with the model's first plan
@@ -498,8 +503,9 @@ def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
     challenger wins only where it is at least WIN_MARGIN faster: on a machine whose speed moves by 1.6x
     within seconds (presumably other tenants' work), plans within the noise of each other were picked at
     random and the profiled kernel ran up to 1.4x slower than the first plan. Any device: the CPU's runtime
-    here, a GPU's in roller.gpu_profile."""
-    screen = {i: t() for i, t in timers.items()}
+    here, a GPU's in roller.gpu_profile. ``screens`` (index -> a shorter timed repeat) time the screen where
+    given."""
+    screen = {i: (screens or timers)[i]() for i in timers}
     if not screen:
         return Timing(screen, None)
     best = min(screen.values())
@@ -512,11 +518,24 @@ def time_finalists(timers: Mapping[int, Callable[[], float]]) -> Timing:
     for _ in range(REPEATS):
         for i in finalists:
             rounds[i].append(timers[i]())
+        if _all_lose(rounds, first):
+            break
     for i in finalists:
         screen[i] = float(np.median(rounds[i]))
     paired = {i: paired_ratio(rounds[i], rounds[first]) for i in finalists[1:]}
     challenger = min(paired, key=paired.get)
     return Timing(screen, challenger if paired[challenger] <= 1 - WIN_MARGIN else first)
+
+
+def _all_lose(rounds: Mapping[int, list[float]], first: int) -> bool:
+    """Whether no challenger can win whatever the rounds still to run give: each has more than half of
+    REPEATS rounds in which it was not WIN_MARGIN faster than the model's first plan, so the median of
+    its ratios over all the rounds cannot be either. The choice is then made (the first plan), and the
+    rounds left are skipped: most builds, where the model's first plan wins, time 3 rounds instead of 5
+    (0.2-0.4 s of a ~3 s build)."""
+    base = rounds[first]
+    return all(sum(t / b > 1 - WIN_MARGIN for t, b in zip(times, base)) > REPEATS // 2
+               for i, times in rounds.items() if i != first)
 
 
 def placement_count(args) -> int:
@@ -549,24 +568,30 @@ def _copy_at(tensor, offset: int):
     return placed
 
 
-def _placed_timer(mod, dev, placements) -> Callable[[], float]:
-    """One timed repeat of ``mod`` (seconds a call): ~TARGET_MEASURE_SECONDS of calls split evenly over
-    ``placements`` (argument lists), their mean; only as many placements as that time holds a call on."""
+def _placed_timers(mod, dev, placements, targets: Sequence[float]) -> list[Callable[[], float]]:
+    """Per target duration, one timed repeat of ``mod`` (seconds a call): ~that many seconds of calls split
+    evenly over ``placements`` (argument lists), their mean; only as many placements as that time holds a
+    call on."""
     t0 = time.perf_counter()
     mod["main"](*placements[0])
     dev.sync()
     call = max(time.perf_counter() - t0, 1e-7)
-    used = placements[:max(1, min(len(placements), int(TARGET_MEASURE_SECONDS / call)))]
-    number = max(1, min(1000, math.ceil(TARGET_MEASURE_SECONDS / len(used) / call)))
-    ev = mod.time_evaluator("main", dev, number=number, repeat=1)
-    return lambda: statistics.fmean(float(ev(*args).results[0]) for args in used)
+
+    def timer(target: float) -> Callable[[], float]:
+        used = placements[:max(1, min(len(placements), int(target / call)))]
+        number = max(1, min(1000, math.ceil(target / len(used) / call)))
+        ev = mod.time_evaluator("main", dev, number=number, repeat=1)
+        return lambda: statistics.fmean(float(ev(*args).results[0]) for args in used)
+    return [timer(t) for t in targets]
 
 
 def _time_all(modules: dict, dev, placements) -> Timing:
-    """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls spread over the
-    buffer ``placements`` (argument lists, :func:`placed_copies`): a kernel fast on one placement only
-    is timed as the caller's buffers will find it, on average."""
-    return time_finalists({i: _placed_timer(mod, dev, placements) for i, mod in modules.items()})
+    """``time_finalists`` of CPU modules, each repeat ~TARGET_MEASURE_SECONDS of calls (SCREEN_SECONDS in
+    the screen) spread over the buffer ``placements`` (argument lists, :func:`placed_copies`): a kernel
+    fast on one placement only is timed as the caller's buffers will find it, on average."""
+    timers = {i: _placed_timers(mod, dev, placements, (TARGET_MEASURE_SECONDS, SCREEN_SECONDS))
+              for i, mod in modules.items()}
+    return time_finalists({i: t[0] for i, t in timers.items()}, {i: t[1] for i, t in timers.items()})
 
 
 def wrong_result(got: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> str | None:

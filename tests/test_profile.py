@@ -173,7 +173,26 @@ def test_finalists_include_the_models_first_plan_and_are_timed_alternately():
     assert secs[0] == 0.8 and secs[2] == 1.2 and secs[1] in (0.9, 1.0)
     assert timing.best == 0
     rounds = log[4:]                               # after the four screens: one repeat per finalist per round
-    assert rounds == [0, 1, 2] * n
+    # until neither challenger can win: each slower than plan 0 in a majority of the REPEATS rounds
+    assert rounds == [0, 1, 2] * (n // 2 + 1)
+
+
+def test_rounds_stop_once_no_challenger_can_win_and_not_before():
+    """The rounds left are skipped only where they cannot change the choice: every challenger already
+    has a majority of REPEATS rounds in which it was not WIN_MARGIN faster than the first plan."""
+    from roller import profile as prof
+
+    n = prof.REPEATS
+    log: list[int] = []
+    # plan 1 is 10% faster than plan 0 in the first round, then slower: it loses after the majority of rounds
+    kernels = {0: _FakeKernel([1.0] + [1.0] * n, log, 0), 1: _FakeKernel([1.0] + [0.9] + [1.1] * (n - 1), log, 1)}
+    timing = prof._time_all(kernels, _Dev(), [[]])
+    assert timing.best == 0 and log[2:] == [0, 1] * (n // 2 + 2)  # one round more than a clean loss
+    # faster in every round: all REPEATS rounds run, and it wins
+    log.clear()
+    kernels = {0: _FakeKernel([1.0] + [1.0] * n, log, 0), 1: _FakeKernel([1.0] + [0.9] * n, log, 1)}
+    timing = prof._time_all(kernels, _Dev(), [[]])
+    assert timing.best == 1 and log[2:] == [0, 1] * n
 
 
 def _paired(first: list[float], other: list[float]):
