@@ -457,8 +457,6 @@ def test_a_split_top_tile_reduction_zeroes_its_accumulator_in_buffer_order(devic
     memsets (2.3-2.7 s of code generation for one ResNet-50 conv). The kernel stays right."""
     import re
 
-    import re
-
     shape = dict(M=32, N=64, K=64)
     spec, func, expr, (first,) = constructed("matmul", shape, device, topk=1)
     tiles = ({"m": 4, "n": 32, "k": 1}, {"m": 4, "n": 32, "k": 16}, {"m": 32, "n": 64, "k": 16})
