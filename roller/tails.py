@@ -96,6 +96,33 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: st
     return options
 
 
+def _grid_loops(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+                lanes: int) -> dict[str, tuple[int, bool]]:
+    """Per spatial axis, as ``codegen.cpu`` splits it: (its top tiles, whether a tile loop of it runs
+    between its grid loop and its register loop)."""
+    ext = tiling_extents(expr, vector_axis, lanes)
+    out = {}
+    for a in expr.axes:
+        if a.kind != REDUCE:
+            sizes = clamp_tiles(ext[a.name], [t[a.name] for t in tiles])
+            out[a.name] = (ceil_div(a.extent, sizes[-1]), any(hi != lo for lo, hi in zip(sizes, sizes[1:])))
+    return out
+
+
+def vector_tail_split(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
+                      lanes: int) -> bool:
+    """Whether code generation splits the partial last vector of a predicated spatial vector axis off as a
+    vector loop of its own (narrower, constant lanes). It can once every loop above that vector loop is
+    split at its last iteration: the axis has no grid loop (one top tile covers it), or its grid loop is
+    held out of the fused parallel loop (another spatial axis has top tiles too), or it is the parallel
+    loop itself with no loop of the axis between it and the register tile (``codegen.cpu``)."""
+    if vector_axis is None or expr.axis(vector_axis).kind == REDUCE:
+        return False
+    grid = _grid_loops(expr, tiles, vector_axis, lanes)
+    count, inner = grid[vector_axis]
+    return count <= 1 or any(c > 1 for n, (c, _) in grid.items() if n != vector_axis) or not inner
+
+
 def scalar_fraction(expr: Expr, vector_axis: str | None, lanes: int, predicated: tuple[str, ...]) -> float:
     """The fraction of the iteration space whose vector loop carries a bound and so runs scalar: the lanes
     past the last whole vector along a predicated vector axis. Lowering splits the overhanging iterations
