@@ -37,8 +37,8 @@ from .expr import REDUCE, Expr
 from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
-from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, scalar_fraction,
-                    stack_array, tail_options, tiling_extents, transposed_elements)
+from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, serial_tail,
+                    stack_array, tail_compute_factor, tail_options, tiling_extents, transposed_elements)
 
 
 @dataclass(frozen=True)
@@ -668,8 +668,10 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         # everything padded where every overhanging axis can be, else nothing
         padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
-    slow = scalar_fraction(expr, vector_axis, lanes, predicated)
-    compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded) * (1 + slow * (lanes - 1)) / (rate * 1e9)
+    if serial_tail(expr, tiles, vector_axis, lanes, predicated):
+        waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
+    compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
+                   * tail_compute_factor(expr, tiles, vector_axis, lanes, predicated) / (rate * 1e9)
                    + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
     packed, _ = packing(expr, list(tiles), device, vector_axis)

@@ -226,12 +226,32 @@ def test_mixed_tails_pad_the_vector_axis_and_predicate_the_outer_bounds():
     assert (("h", "k"), ("w",)) in options and (("k",), ("h", "w")) in options
 
 
-def test_predicated_vector_axis_runs_only_its_partial_vector_scalar():
-    """Lowering splits the overhanging iterations off each tiled loop and the unrolled register tile's
-    whole vectors keep true bounds: 84 channels in tiles of 48 (or 16) leave 4 of 84 lanes scalar."""
+def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_else_runs_scalar(device):
+    """84 channels in tiles of 48 leave a 4-lane partial vector. Where the channels' grid loop is the whole
+    parallel loop with tile loops below it, code generation cannot split that vector off (its bound is not
+    constant) and it runs scalar (4 of 84 lanes at a lane's speed); elsewhere it is a vector loop of its
+    own: one piece for 4 lanes, two (8 + 2) for 42 channels' 10."""
     from policy_exprs import elementwise
-    from roller.tails import scalar_fraction
+    from roller.model import estimate
+    from roller.tails import serial_tail, tail_compute_factor, vector_tail_split
 
     expr = elementwise(10, 84)
-    assert scalar_fraction(expr, "a1", 16, ("a1",)) == pytest.approx(4 / 84)  # whatever the top tile
-    assert scalar_fraction(expr, "a1", 16, ()) == 0.0
+    solo = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=48)]  # rows in one top tile
+    assert not vector_tail_split(expr, solo, "a1", 16)
+    assert tail_compute_factor(expr, solo, "a1", 16, ("a1",)) == pytest.approx(1 + 4 / 84 * 15)
+    assert tail_compute_factor(expr, solo, "a1", 16, ()) == 1.0
+    assert not serial_tail(expr, solo, "a1", 16, ("a1",))  # the split goes to the tile loop below
+    for tiles in ([dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=48)],  # rows have top tiles too
+                  [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=16)],  # no tile loop below the grid
+                  [dict(a0=1, a1=16), dict(a0=1, a1=96), dict(a0=10, a1=96)]):  # one top tile covers the axis
+        assert vector_tail_split(expr, tiles, "a1", 16)
+        assert tail_compute_factor(expr, tiles, "a1", 16, ("a1",)) == 1.0
+    # ...and that tile-less grid loop, the parallel loop itself, runs its last top tile alone: six top
+    # tiles on two cores take four waves, not three
+    alone = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=16)]
+    assert serial_tail(expr, alone, "a1", 16, ("a1",)) and not serial_tail(expr, alone, "a1", 16, ())
+    assert estimate(expr, alone, device, "a1", padded=()).waves == 4
+    assert estimate(expr, alone, device, "a1", padded=("a1",)).waves == 3
+    narrow = elementwise(10, 42)
+    tiles = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=16)]
+    assert tail_compute_factor(narrow, tiles, "a1", 16, ("a1",)) == pytest.approx(1 + 1 / 3)
