@@ -15,7 +15,9 @@ Beyond the paper's terms the model charges what the generated code does (``rolle
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
 the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
 or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
-one by one at the write-back (FOLD_CYCLES), predicated vector loops at scalar speed, a register tile
+one by one at the write-back (FOLD_CYCLES), a predicated vector axis's partial last vector as its
+power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
+and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), a register tile
 with too few accumulators below peak (unless its accumulation chain is short enough for the out-of-order
 window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
 consecutive top tiles share in the cache (``halo_bytes``), a reduction that cannot keep vector partial
@@ -649,7 +651,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
     the last of ``roller.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
     the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
-    ``tails.copy_bytes``) as traffic through the top level, and predicated vector loops at scalar speed.
+    ``tails.copy_bytes``) as traffic through the top level, and a predicated vector tail's partial vector
+    (``tails.tail_compute_factor``).
     ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead.
     ``constants`` names inputs that are constants at every call: they arrive packed in the plan's tiles
     (``roller.prepack.prepackable``) and cost no copy."""

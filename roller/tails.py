@@ -8,7 +8,8 @@ Policy, shared by construction, the model and code generation (which executes wh
 - Where the top tile overhangs an axis, the iteration space is either *padded* (the kernel runs over
   whole tiles, on zero-padded copies of the inputs that the axis indexes, and a crop copies the output
   back) or *predicated* (bounds checks; lowering splits the last tiles off so the rest stays vectorized,
-  but a vector loop that carries a bound runs scalar).
+  and the partial last vector off as a narrower vector where the loops above it split too,
+  ``vector_tail_split``: a vector loop that keeps a bound runs scalar).
 - Padding applies to an axis of one original loop (a fused axis spans several, and no TVM primitive pads
   it), whose zero padding leaves the result unchanged (always for a spatial axis; for a reduced axis only
   a sum of products with a factor indexed by it, ``Expr.zero_pad_axes``), and not when an input is read
@@ -75,12 +76,12 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: st
     """The ways a plan may cover its overhanging axes, as (padded axes, predicated axes): predicated;
     the axes a bound would slow down padded, the others predicated; last, everything padded when
     ``can_pad`` allows every overhanging axis.
-    Construction makes a plan of each; the model charges each its copies and its scalar tails."""
+    Construction makes a plan of each; the model charges each its copies and its tails."""
     over = overhangs(expr, tiles, vector_axis, lanes)
     if not over:
         return [((), ())]
     options = [((), over)]
-    # Some axes padded, the others predicated: the vector axis (a predicated vector loop runs scalar),
+    # Some axes padded, the others predicated: the vector axis (its partial vector costs pieces or scalar),
     # and with it the axes whose register tile overhangs (a bound inside the unrolled register tile
     # branches per row). Which is faster depends on the copies padding makes (a window's padded axis
     # re-indexes the window per tile): the mixed plans of a nas 3x3 conv on 42x42x84 ran 1.5x faster
