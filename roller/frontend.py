@@ -101,9 +101,9 @@ class CompiledModel:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         lib = out / f"{self.name}.so"
-        from .tvmutil import target_for
+        from .tvmutil import export_library, target_for
         ex = build_module(self.module, target_for(self.device)) if self.calls_cache else self.executable
-        ex.export_library(str(lib))
+        export_library(ex, str(lib))
         rep = out / f"{self.name}.json"
         rep.write_text(json.dumps(self.to_dict(), indent=2))
         return {"library": str(lib), "report": str(rep)}

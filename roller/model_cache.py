@@ -50,9 +50,10 @@ def _compile(func, device: Device, path: str) -> None:
     """Compiles one PrimFunc (scheduled or not) into the library ``path``."""
     import tvm
 
-    from .tvmutil import compile_for, target_for
+    from .tvmutil import compile_for, export_library, target_for
 
-    compile_for(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target_for(device)).export_library(path)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    export_library(compile_for(mod, target_for(device)), path)
 
 
 def _register(key: str, module) -> str:

@@ -238,14 +238,14 @@ def compile_plan(func, expr: Expr, program: RProgram | None, device: Device, pat
     exports the library to ``path``; schedule steps that did not apply are appended to ``notes``."""
     import tvm
 
-    from .tvmutil import compile_for, target_for
+    from .tvmutil import compile_for, export_library, target_for
 
     if program is None:
         mod = tvm.IRModule({"main": func})
     else:
         from .codegen import schedule
         mod = schedule(func, expr, program, device, notes).mod
-    compile_for(mod, target_for(device)).export_library(path)
+    export_library(compile_for(mod, target_for(device)), path)
     return path
 
 
