@@ -291,15 +291,17 @@ def test_cpu_builds_turn_off_tir_cse_and_keep_the_callers_options():
     own PassContext stays as set, and a non-CPU target gets the caller's context unchanged."""
     import tvm
 
-    from roller.tvmutil import pass_context
+    from roller.tvmutil import GPU_ONLY_PASSES, pass_context
 
     cpu = tvm.target.Target("llvm")
     assert dict(pass_context(cpu).config)["tirx.disable_cse_tir"]
+    assert set(GPU_ONLY_PASSES) <= set(pass_context(cpu).disabled_pass)  # passes with nothing to do on a CPU
     with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_cse_tir": False}):
         ctx = pass_context(cpu)
         assert ctx.opt_level == 3 and not dict(ctx.config)["tirx.disable_cse_tir"]
     gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
     assert "tirx.disable_cse_tir" not in dict(pass_context(gpu).config)
+    assert not set(GPU_ONLY_PASSES) & set(pass_context(gpu).disabled_pass)
 
 
 @pytest.mark.build
