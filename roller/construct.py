@@ -293,8 +293,9 @@ def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
 
 
 def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
-                       constants: frozenset[str] = frozenset()) -> list[RProgram]:
-    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated.
+                       constants: frozenset[str] = frozenset(), limit: int | None = None) -> list[RProgram]:
+    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated
+    (the best ``limit`` and each vector axis's best, with ``limit``: ``distinct_programs``).
     Inputs named in ``constants`` arrive packed in each plan's tiles (``roller.prepack``).
 
     The vector axis is a choice like the tile sizes: plans are built for every candidate
@@ -314,18 +315,35 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
                     plans.append((va, tiles, padded, inlined))
                     ests.append(estimate(ex, tiles, device, va, padded, inlined, constants))
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
-    seen, out = set(), []
-    for est, i in ranked:
+
+    def build(item):
+        est, i = item
         va, tiles, padded, inlined = plans[i]
-        prog = _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined, constants)
+        return _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined, constants)
+    return distinct_programs(ranked, build, lambda item: plans[item[1]][0], limit)
+
+
+def distinct_programs(ranked, build, vector_axis, limit: int | None = None) -> list[RProgram]:
+    """The plans ``build`` makes of the ``ranked`` candidates, in order, each key once: all of them, or the
+    first ``limit`` and then the first of each vector axis (``vector_axis(candidate)``) not among those
+    (construction's epsilon loop wants every vector axis ranked). Making a plan (its packing, layouts,
+    predicates) was 9% of construction when every candidate was made, ten of thousands kept."""
+    seen, axes, out = set(), set(), []
+    for item in ranked:
+        va = vector_axis(item)
+        if limit is not None and len(out) >= limit and va in axes:
+            continue
+        prog = build(item)
         if prog.key not in seen:
             seen.add(prog.key)
+            axes.add(va)
             out.append(prog)
     return out
 
 
 # The module that builds plans for each device kind: each has vector_candidates(expr) and
-# enumerate_programs(expr, device, epsilon, axes, constants); construct() runs the same epsilon loop and ranking over them.
+# enumerate_programs(expr, device, epsilon, axes, constants, limit); construct() runs the same epsilon loop and ranking
+# over them.
 CONSTRUCTION_MODULES = {"cpu": __name__, "gpu": "roller.gpu_construct"}
 
 
@@ -355,7 +373,7 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
     pool = max(topk, RANK_POOL)
     for eps in EPSILON_STEPS:
         axes = None if len(best) < pool else tuple(sorted(pending))
-        progs = kind.enumerate_programs(expr, device, eps, axes, frozenset(constants))
+        progs = kind.enumerate_programs(expr, device, eps, axes, frozenset(constants), limit=pool)
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
         pending -= {p.vector_axis for p in progs}

@@ -30,6 +30,7 @@ from .expr import REDUCE, Expr
 from .gpu_model import GpuEstimate, estimate
 from .gpu_reduce import block_reduction_tiles, estimate_block_reduction
 from .gpu_tensorcore import ROW_PAD, TC_COPY_LANES, estimate_tensorcore, tensorcore_tiles
+from .construct import distinct_programs
 from .model import rank
 from .gpu_rules import (GpuLevelRules, bank_pad_elements, copy_lanes, interleaved_axes, shared_bytes,
                         threads_per_block, warp_aligned)
@@ -208,10 +209,10 @@ def plan(expr: Expr, tiles: list[Mapping[str, int]], device: Device, epsilon: fl
 
 
 def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
-                       constants: frozenset[str] = frozenset()) -> list[RProgram]:
-    """Every GPU plan at one epsilon that fits an SM, ranked by the model (best first). GPU plans have no
-    vector axis: ``axes`` (the vector axes construction still wants plans for) being empty asks for none.
-    They pack nothing ahead of the kernel: ``constants`` is unused."""
+                       constants: frozenset[str] = frozenset(), limit: int | None = None) -> list[RProgram]:
+    """Every GPU plan at one epsilon that fits an SM, ranked by the model (best first; the best ``limit``
+    with ``limit``). GPU plans have no vector axis: ``axes`` (the vector axes construction still wants
+    plans for) being empty asks for none. They pack nothing ahead of the kernel: ``constants`` is unused."""
     if axes is not None and not axes:
         return []
     found = []
@@ -229,14 +230,12 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
         if est.occupancy.blocks_per_sm:
             found.append(([warp, block], est, factors))
     ranked = rank(found, lambda x: x[1].estimate.seconds, lambda x: x[1].estimate.memory_seconds)
-    seen, out = set(), []
-    for tiles, est, extra in ranked:
-        prog = (_program(expr, tiles, device, epsilon, est, tensor_core=extra) if isinstance(extra, dict)
+
+    def build(item):
+        tiles, est, extra = item
+        return (_program(expr, tiles, device, epsilon, est, tensor_core=extra) if isinstance(extra, dict)
                 else _program(expr, tiles, device, epsilon, est, extra))
-        if prog.key not in seen:
-            seen.add(prog.key)
-            out.append(prog)
-    return out
+    return distinct_programs(ranked, build, lambda item: None, limit)
 
 
 def vector_candidates(expr: Expr) -> tuple[str, ...]:
