@@ -17,7 +17,8 @@ the top level, transposed packs also at their element rate before the tile's com
 or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
 one by one at the write-back (FOLD_CYCLES), a predicated vector axis's partial last vector as its
 power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
-and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), a register tile
+and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), output lines
+two units write where they split the output's contiguous rows inside a line (FALSE_SHARING_SECONDS), a register tile
 with too few accumulators below peak (unless its accumulation chain is short enough for the out-of-order
 window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
 consecutive top tiles share in the cache (``halo_bytes``), a reduction that cannot keep vector partial
@@ -83,6 +84,43 @@ PARALLEL_LAUNCH_CYCLES = 5000
 def launch_seconds(device: Device, units: int) -> float:
     """Seconds a kernel spends starting and joining its parallel loop (none on one unit)."""
     return PARALLEL_LAUNCH_CYCLES * cycle_seconds(device) if units > 1 else 0.0
+
+
+# Seconds a cache line written by two units costs (it moves between their caches): where the parallel grid
+# splits the output's contiguous dimension between units at a boundary inside a line. Fitted on one case
+# (two threads, one process, the same tiles): a depthwise 3x3 of stride 2 on 28x28x90 whose cores split
+# the channels in 16-channel top tiles (their boundary inside 7 of every 8 pixels' lines) ran 21.1 us
+# against 11.5 on one thread; split over the rows instead, 8.3; on 96 channels, lines whole, 5.7. About 13 us
+# for 171 shared lines.
+FALSE_SHARING_SECONDS = 75e-9
+
+
+def false_sharing_seconds(expr: Expr, top: Mapping[str, int], device: Device, units: int) -> float:
+    """Seconds lost to output lines two units write (FALSE_SHARING_SECONDS each): where the only axis the
+    parallel grid splits is the one that indexes the output's contiguous dimension, each boundary between
+    two units' shares falls inside a line in every output row where that row's offset plus the boundary's
+    is not a whole line."""
+    out = expr.output
+    inner = out.innermost_axes()
+    if units < 2 or len(inner) != 1 or not out.shape:
+        return 0.0
+    axis = inner[0]
+    split = [a.name for a in expr.axes if a.kind != REDUCE and ceil_div(a.extent, top[a.name]) > 1]
+    if split != [axis]:
+        return 0.0
+    line = device.private_levels[0].transaction_bytes
+    tiles = ceil_div(expr.axis(axis).extent, top[axis])
+    row = out.shape[-1] * out.elem_bytes
+    rows = math.prod(out.shape[:-1])
+    shared = 0
+    for u in range(1, units):  # a unit's share: consecutive top tiles (the parallel loop's static split)
+        edge = ceil_div(tiles * u, units) * top[axis] * out.elem_bytes
+        if edge >= row:
+            continue
+        period = line // math.gcd(row, line)  # rows repeat their offset within a line after this many
+        straddles = sum((r * row + edge) % line != 0 for r in range(period))
+        shared += rows * straddles / period
+    return shared * FALSE_SHARING_SECONDS
 
 
 # Cycles one element of a transposed pack costs (tails.transposed_elements), where it is scattered: the
@@ -713,7 +751,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
-    seconds = waves * worst + launch_seconds(device, units)
+    seconds = waves * worst + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units)
     if units > 1:
         seconds += imbalance_seconds(expr, seconds, worst, waves, device)
     return Estimate(seconds=seconds, compute_seconds=compute_all / units,

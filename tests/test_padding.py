@@ -255,3 +255,21 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
     narrow = elementwise(10, 42)
     tiles = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=16)]
     assert tail_compute_factor(narrow, tiles, "a1", 16, ("a1",)) == pytest.approx(1 + 1 / 3)
+
+
+def test_units_that_split_the_outputs_contiguous_rows_inside_a_line_are_charged_the_shared_lines(device):
+    """Where the parallel grid splits only the axis of the output's contiguous dimension, the boundary
+    between the two units' shares falls inside a cache line of most rows when the rows are not whole lines
+    (a depthwise 3x3 of stride 2 on 28x28x90 in 16-channel top tiles ran 21.1 us on two threads, 11.5 on
+    one, 8.3 split over the rows): those lines move between the units. None when the rows are whole lines
+    (96 channels), another axis is split too, or one unit runs it."""
+    from policy_exprs import elementwise
+    from roller.model import FALSE_SHARING_SECONDS, false_sharing_seconds
+
+    odd, even = elementwise(196, 90), elementwise(196, 96)
+    channels = dict(a0=196, a1=16)  # six top tiles of channels, every row in each
+    # the boundary after tile 3 (48 channels, 192 bytes) in rows of 360 bytes: whole lines in 1 row of 8
+    assert false_sharing_seconds(odd, channels, device, 2) == pytest.approx(196 * 7 / 8 * FALSE_SHARING_SECONDS)
+    assert false_sharing_seconds(even, channels, device, 2) == 0.0
+    assert false_sharing_seconds(odd, dict(a0=98, a1=16), device, 2) == 0.0  # the rows are split too
+    assert false_sharing_seconds(odd, channels, device, 1) == 0.0
