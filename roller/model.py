@@ -18,9 +18,9 @@ or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lane
 one by one at the write-back (FOLD_CYCLES), a predicated vector axis's partial last vector as its
 power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
 and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), output lines
-two units write where they split the output's contiguous rows inside a line (FALSE_SHARING_SECONDS), a register tile
-with too few accumulators below peak (unless its accumulation chain is short enough for the out-of-order
-window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
+two units write where they split the output's contiguous rows inside a line (FALSE_SHARING_SECONDS), a
+register tile with too few accumulators below peak (unless its accumulation chain is short enough for the
+out-of-order window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
 consecutive top tiles share in the cache (``halo_bytes``), a reduction that cannot keep vector partial
 sums at scalar speed, the bounds checks of a padding stage the plan inlines (INLINE_CHECK_CYCLES) instead
 of copying it, the bandwidth short strided rows lose at the top level (the calibrated small-transfer
@@ -41,7 +41,7 @@ from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
 from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, serial_tail,
-                    stack_array, tail_compute_factor, tail_options, tiling_extents, transposed_elements)
+                    split_axes, stack_array, tail_compute_factor, tail_options, tiling_extents, transposed_elements)
 
 
 @dataclass(frozen=True)
@@ -105,19 +105,18 @@ def false_sharing_seconds(expr: Expr, top: Mapping[str, int], device: Device, un
     if units < 2 or len(inner) != 1 or not out.shape:
         return 0.0
     axis = inner[0]
-    split = [a.name for a in expr.axes if a.kind != REDUCE and ceil_div(a.extent, top[a.name]) > 1]
-    if split != [axis]:
+    if split_axes(expr, top) != [axis]:
         return 0.0
     line = device.private_levels[0].transaction_bytes
     tiles = ceil_div(expr.axis(axis).extent, top[axis])
     row = out.shape[-1] * out.elem_bytes
     rows = math.prod(out.shape[:-1])
+    period = line // math.gcd(row, line)  # rows repeat their offset within a line after this many
     shared = 0
     for u in range(1, units):  # a unit's share: consecutive top tiles (the parallel loop's static split)
         edge = ceil_div(tiles * u, units) * top[axis] * out.elem_bytes
         if edge >= row:
             continue
-        period = line // math.gcd(row, line)  # rows repeat their offset within a line after this many
         straddles = sum((r * row + edge) % line != 0 for r in range(period))
         shared += rows * straddles / period
     return shared * FALSE_SHARING_SECONDS
