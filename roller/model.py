@@ -264,6 +264,89 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     return lines * UNTRACKED_LINE_CYCLES * cycle_seconds(device)
 
 
+# Cycles a line of a broadcast operand costs where the register tile's loads of it read runs that interleave
+# in one page. The register tile loads each element of an input the vector axis does not index (a conv's
+# pixel, a matmul's row of A) with its own instruction, which walks the reduction along the input's
+# contiguous row. A tile one pixel wide and several rows tall walks each run on its own page, one ascending
+# stream a page that the L2 streamer follows; a tile several pixels wide walks as many runs side by side in
+# one page, and the streamer (one stream a page) falls behind them. One thread, one A/B process, 1x1 convs
+# on 60x60 -> 42 channels, the same loops, register tiles of 6 rows x 1 pixel against 1 x 6 and 3 x 2:
+# 96 channels (runs of 6 lines) 316 / 359 / 331 us, 256 channels 850 / 982 / 896, 48 channels 155 / 175 /
+# 178 (~2.3 ns a line of the 1 x 6 tile's, (1 - 1/k) of the lines of k runs in a page); 32 and 16
+# channels (runs of 1-2 lines, the pixels swept whole) the same time; NASNet's 165x165x96 -> 42 (input
+# from L3) 2342 against 2728 us, 2.4 ns a line. Those ran in the machine's slow phases; in its fast ones the
+# same tiles differ by 2-4% (0.3 ns a line), never the other way by more than that: the figure sits
+# between the two, a tie-breaker more than a cost.
+INTERLEAVED_LINE_CYCLES = 3
+INTERLEAVED_MIN_RUN_LINES = 3
+
+
+def broadcast_run(expr: Expr, t, tiles: Sequence[Mapping[str, int]], shape: Sequence[int]) -> dict[str, int]:
+    """The tile of iteration space one load instruction of the register tile covers of ``t`` (laid out as
+    ``shape``) in one unbroken ascending run: its reduction loop inside the L1 tile, continued through the
+    loops over register tiles (codegen/cpu: each level's spatial loops in axis order, then its reduce loops,
+    innermost last) for as long as each step starts where the run so far ended. Loops over axes that do not
+    index ``t`` re-read the run and let it go on after them."""
+    cover = {a.name: 1 for a in expr.axes}
+
+    def contiguous(tile) -> bool:
+        region = t.region(tile)
+        partial = next((d for d in reversed(range(len(region))) if region[d] < shape[d]), None)
+        return partial is None or all(r == 1 for r in region[:partial])
+
+    inner_first = [a for a in reversed(expr.axes) if a.kind == REDUCE] + \
+                  [a for a in reversed(expr.axes) if a.kind != REDUCE]
+    for lower, upper in zip(tiles, tiles[1:]):
+        for a in inner_first:
+            steps = ceil_div(upper[a.name], lower[a.name])
+            if steps == 1 or a.name not in t.axes:
+                continue
+            # a load starts as one element of the register tile: a step longer than what it covered so
+            # far (a tile several pixels wide) leaves a gap; one that overlaps it (a sliding window) or
+            # leaves the row's contiguous block goes back or jumps
+            grown = dict(cover, **{a.name: cover[a.name] * steps})
+            if (lower[a.name] != cover[a.name] or not contiguous(grown)
+                    or math.prod(t.region(grown)) != math.prod(t.region(cover)) * steps):
+                return cover
+            cover = grown
+    return cover
+
+
+def interleaved_run_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
+                            vector_axis: str | None, staged: Sequence[str] = ()) -> float:
+    """Seconds the whole operator (all units) loses to broadcast operands whose register-tile loads read
+    runs side by side in one page (see INTERLEAVED_LINE_CYCLES): of the lines each such input moves into the
+    L1 tiles, the share (1 - 1/k) where k runs share a page; whole rows shorter than
+    INTERLEAVED_MIN_RUN_LINES lines side by side are one dense block the loads sweep, and cost nothing. A
+    copy made per top tile (``staged``) is laid out as the top tile's region."""
+    if len(tiles) < 2 or not device.units.prefetch_streams:
+        return 0.0
+    rules = LevelRules.of(device, 1, expr, vector_axis)
+    line = rules.level.transaction_bytes
+    total = tile_counts(expr, tiles[1])[0]
+    reduced = {a.name for a in expr.reduce_axes}
+    lines = 0.0
+    for t in expr.inputs:
+        inner = t.innermost_axes()
+        if not inner or vector_axis in t.axes or not set(inner) <= reduced:
+            continue  # not a broadcast operand read along the reduction
+        shape = t.region(tiles[-1]) if t.name in staged else t.shape
+        run = t.region(broadcast_run(expr, t, tiles, shape))
+        outer = min((d for d in range(len(run)) if run[d] > 1), default=len(run) - 1)
+        whole = all(r == n for r, n in zip(run[outer:], shape[outer:]))
+        if whole and math.prod(run) * t.elem_bytes < INTERLEAVED_MIN_RUN_LINES * line:
+            continue  # short whole rows side by side: the loads sweep one dense block
+        # the register tile's loads lie side by side along the nearest dimension outside the run (not
+        # the overlapping rows of a sliding window, which were not measured)
+        side, reg = outer - 1, t.region(tiles[0])
+        if side < 0 or reg[side] == 1 or sum(1 for a, _ in t.index[side] if expr.axis(a).extent > 1) != 1:
+            continue
+        k = min(reg[side], PAGE_BYTES / (math.prod(shape[side + 1:]) * t.elem_bytes))
+        if k > 1:
+            lines += tensor_footprint(t, tiles[1], rules, moved=True) * total / line * (1.0 - 1.0 / k)
+    return lines * INTERLEAVED_LINE_CYCLES * cycle_seconds(device)
+
+
 # Cycles an accumulator tile of tails.STACK_ARRAY_BYTES or more costs each time its loop enters it: TVM
 # allocates it through TVMBackendAllocWorkspace (and frees it), zeroes it with memset and the write-back
 # reads it back from memory, where a smaller tile is a stack array held in registers. One thread, one A/B
@@ -747,6 +830,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              + replicate_seconds(expr, tiles[-1], device) * total / spatial
              + stage_copy_seconds(expr, tiles[-1], device, [n for n in copied if n not in packed]) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
+             + interleaved_run_seconds(expr, tiles, device, vector_axis, staged) / spatial
              + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)

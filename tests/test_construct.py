@@ -337,6 +337,42 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     assert untracked_stream_seconds(e, top(165, 1, 96), DEV) == 0  # a spec that does not say: no term
 
 
+def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_their_lines():
+    from policy_exprs import cpu_spec
+    from roller.device import device_from_dict
+    from roller.model import INTERLEAVED_LINE_CYCLES, broadcast_run, cycle_seconds, interleaved_run_seconds
+    spec = cpu_spec()
+    spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
+    dev = device_from_dict(spec, "test")
+
+    def tiles(h, w, c, l1_c=None):
+        t = lambda hh, ww, cc: {"n": 1, "h": hh, "w": ww, "k": 48, "r": 1, "s": 1, "c": cc}
+        return [t(h, w, 1), t(h, w, l1_c or c), t(6, 60, c)]  # the same top tiles: 6 rows x 60 pixels
+
+    e = conv2d_nhwc(1, 60, 60, 96, 48, 1, 1)  # a pixel of X is 384 B: a run of 6 lines
+    x = e.inputs[0]
+    # one pixel wide, six rows tall: each load continues its own row's run through the walk along w
+    assert broadcast_run(e, x, tiles(6, 1, 96), x.shape)["w"] == 60
+    assert broadcast_run(e, x, tiles(1, 6, 96), x.shape)["w"] == 1  # the next tile's run starts 6 pixels on
+    assert interleaved_run_seconds(e, tiles(6, 1, 96), dev, "k") == 0
+    # six pixels wide: six runs of 384 B side by side in one page, each load jumping to its next run
+    assert broadcast_run(e, x, tiles(1, 6, 96), x.shape) == {"n": 1, "h": 1, "w": 1, "k": 1, "r": 1, "s": 1,
+                                                              "c": 96}
+    lines = 60 * 60 * 96 * 4 / 64
+    one_by_six = lines * (1 - 1 / 6) * INTERLEAVED_LINE_CYCLES * cycle_seconds(dev)
+    assert interleaved_run_seconds(e, tiles(1, 6, 96), dev, "k") == pytest.approx(one_by_six)
+    assert interleaved_run_seconds(e, tiles(3, 2, 96), dev, "k") == pytest.approx(one_by_six * 0.5 / (5 / 6))
+    # the reduction split at L1 and resumed by the next L1 tile still reads each pixel in one run
+    assert interleaved_run_seconds(e, tiles(1, 6, 96, l1_c=16), dev, "k") == pytest.approx(one_by_six)
+    # 32 channels: whole rows of 2 lines side by side, one dense block swept whole (measured: no cost)
+    assert interleaved_run_seconds(conv2d_nhwc(1, 60, 60, 32, 48, 1, 1), tiles(1, 6, 32), dev, "k") == 0
+    assert interleaved_run_seconds(e, tiles(1, 6, 96), dev, "c") == 0  # X is not broadcast: the vector axis
+    assert interleaved_run_seconds(e, tiles(1, 6, 96), DEV, "k") == 0  # a spec that does not say: no term
+    # the model ranks the tall tile ahead of the wide one, all else the same
+    est = lambda t: estimate(e, t, dev, "k").seconds
+    assert est(tiles(6, 1, 96)) < est(tiles(1, 6, 96))
+
+
 def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
     from roller.model import data_source
     # DEV: 4 units with 1 MiB L2 (half usable); 16 MiB L3
