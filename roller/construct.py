@@ -314,7 +314,8 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
                 for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
                     plans.append((va, tiles, padded, inlined))
                     ests.append(estimate(ex, tiles, device, va, padded, inlined, constants))
-    ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds)
+    ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds,
+                  lambda x: tile_counts(expr, plans[x[1]][1][0])[0])
 
     def build(item):
         est, i = item
@@ -383,7 +384,8 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
         raise UnsupportedExpressionError(
             f"{expr.name}: no tile fits the device {device.name!r} (even with {EPSILON_STEPS[-1]:.0%} padding); "
             f"the tensors' smallest tiles exceed the level capacities")
-    best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds)
+    best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds,
+                lambda p: tile_counts(expr, p.tiles[0])[0])
     return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
                         seconds=time.perf_counter() - t0)
 

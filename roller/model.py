@@ -507,16 +507,20 @@ def stage_copy_seconds(expr: Expr, top: Mapping[str, int], device: Device, copie
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise
 
 
-def rank(items: Sequence, seconds, memory_seconds) -> list:
+def rank(items: Sequence, seconds, memory_seconds, body_runs=None) -> list:
     """``items`` best first by the model: the fastest prediction, except that among predictions within
     TIE of it the plan with the least total memory time (traffic over bandwidth, summed over levels)
-    goes first. ``seconds(item)`` and ``memory_seconds(item)`` (level -> seconds) read an item."""
+    goes first, and among those equal in that too the one whose register tile's body runs the fewest times
+    (``body_runs(item)``, when given): its loop control and bounds checks serve more vectors, which the
+    model does not count (a 3x3 avg pool on 83x83x84, its tiles otherwise the same, with register tiles of
+    1, 2, 3 and 6 vectors all predicted 120 us: 175, 151, 146 and 156 us, two threads).
+    ``seconds(item)`` and ``memory_seconds(item)`` (level -> seconds) read an item."""
     remaining = sorted(items, key=seconds)
     out = []
     while remaining:
         bound = seconds(remaining[0]) * TIE
         tied = [x for x in remaining if seconds(x) <= bound]
-        pick = min(tied, key=lambda x: sum(memory_seconds(x).values()))
+        pick = min(tied, key=lambda x: (sum(memory_seconds(x).values()), body_runs(x) if body_runs else 0))
         out.append(pick)
         remaining.remove(pick)
     return out

@@ -353,7 +353,9 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     (its padded copy re-indexes the stage's output), nor where the register tile holds several vectors of
     a predicated vector axis: the partial vector stays inside the unrolled register tile, and with the
     window's bounds there its lanes load one by one (avg pool 3x3 on 83x83x84, 96-lane register tiles:
-    975 us inlined against 312 staged, one thread). Nor where the plan predicates an axis of the window
+    975 us inlined against 312 staged, one thread), unless code generation splits that vector off as a
+    loop of its own (``vector_tail_split``: the same tiles inlined then ran 277, the one-vector tiles 323).
+    Nor where the plan predicates an axis of the window
     besides the vector axis: lowering then splits the loops on the window's bounds too, and the copies
     multiply (depthwise 5x5 on 83x83x42, tails on h, w and c: 30 s to compile inlined, 5.5 s staged;
     the kernel 160 against 176 us)."""
@@ -364,7 +366,7 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     windowed = {a for t in expr.inputs if t.name in stages for a in t.axes}
     if set(predicated) & windowed - {vector_axis}:
         return [()]
-    if vector_axis in predicated:
+    if vector_axis in predicated and not vector_tail_split(expr, tiles, vector_axis, lanes):
         extent = tiling_extents(expr, vector_axis, lanes)[vector_axis]
         if clamp_tiles(extent, [t[vector_axis] for t in tiles])[0] > lanes:
             return [()]

@@ -376,6 +376,34 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
 
 
 @pytest.mark.build
+def test_a_multi_vector_register_tile_over_a_predicated_axis_reads_its_window_in_place(device):
+    """Where code generation splits a predicated vector axis's partial vector off (tails.vector_tail_split),
+    a register tile of several vectors may inline the padding stage: its whole vectors and the split-off
+    partial one each keep one bounds check per window row. Where it cannot, the stage stays a copy (the
+    partial vector left inside the unrolled tile would load lane by lane)."""
+    from roller.api import analyze as api_analyze
+    from roller.construct import construct
+    from roller.tails import inline_options, vector_tail_split
+    shape = dict(N=1, H=9, W=11, C=42, R=3, S=3, pad=1)
+    spec = ops.OPS["pool2d"].with_options(kind="avg")
+    expr, func = api_analyze(spec.make(shape))
+    prog = construct(expr, device, topk=1).programs[0]
+    one = {"n": 1, "h": 1, "w": 1, "c": 48, "r": 1, "s": 1}
+    tiles = [one, dict(one, r=3, s=3), dict(one, w=11, r=3, s=3)]  # 3-vector register tiles, one row a top tile
+    assert vector_tail_split(expr, tiles, "c", 16)  # one top tile over the channels
+    assert inline_options(expr, tiles, "c", 16, ()) == [(), ("pad_temp",)]
+    # 100 channels in 64-channel top tiles, the whole map in each: the channels' grid loop is the parallel
+    # loop, with a loop of 2-vector tiles below it; the partial vector is not split off
+    wide, _ = api_analyze(spec.make(dict(shape, C=100)))
+    two = dict(one, c=32)
+    unsplit = [two, dict(two, r=3, s=3), dict(two, h=9, w=11, c=64, r=3, s=3)]
+    assert not vector_tail_split(wide, unsplit, "c", 16) and inline_options(wide, unsplit, "c", 16, ()) == [()]
+    plan = dataclasses.replace(prog, tiles=tuple(tiles), vector_axis="c", padded=(), predicated=("c",),
+                               inlined=("pad_temp",))
+    run_against_numpy(spec, func, expr, plan, device, shape)
+
+
+@pytest.mark.build
 @pytest.mark.parametrize("op,shape", [
     ("depthwise_conv2d", dict(N=1, H=13, W=11, C=20, R=3, S=3, stride=2, pad=1)),
     ("depthwise_conv2d", dict(N=2, H=9, W=9, C=16, R=5, S=5, pad=2, dilation=2)),

@@ -224,6 +224,10 @@ def test_rank_ties_near_predictions_and_prefers_less_memory_time():
     order = rank(plans, lambda p: p[1], lambda p: p[2])
     # 0.90 is clearly fastest; 0.999 and 1.000 tie (within 2%) and the one with less memory time goes first
     assert [p[0] for p in order] == ["fast", "slack", "tight", "slow"]
+    # equal in both (register tiles of 1 and 3 vectors, all else the same): the fewer register-tile runs first
+    same = [("one", 1.0, {"reg": 0.5}, 6889 * 6), ("three", 1.0, {"reg": 0.5}, 6889 * 2)]
+    assert [p[0] for p in rank(same, lambda p: p[1], lambda p: p[2])] == ["one", "three"]  # none given: as listed
+    assert [p[0] for p in rank(same, lambda p: p[1], lambda p: p[2], lambda p: p[3])] == ["three", "one"]
 
 
 def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
