@@ -25,7 +25,8 @@ consecutive top tiles share in the cache (``halo_bytes``), a reduction that cann
 sums at scalar speed, the bounds checks of a padding stage the plan inlines (INLINE_CHECK_CYCLES) instead
 of copying it, the bandwidth short strided rows lose at the top level (the calibrated small-transfer
 efficiency, ``short_row_bytes``), the misses of inputs read on more strided streams than the hardware
-prefetcher follows (UNTRACKED_LINE_CYCLES), the accumulators a plan that splits its reduction moves
+prefetcher follows (UNTRACKED_LINE_CYCLES), the lines of broadcast operands whose register-tile loads read
+runs side by side in one page (INTERLEAVED_LINE_CYCLES), the accumulators a plan that splits its reduction moves
 through memory between the chunks (ACCUMULATOR_CYCLES), and the copies a repeating stage (a grouped
 convolution's group_rep) writes, at their element rate (REPLICATE_CYCLES) rather than as traffic from below.
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .device import Device, MemoryLevel
-from .expr import REDUCE, Expr
+from .expr import REDUCE, Expr, TensorAccess
 from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
@@ -275,13 +276,14 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
 # 178 (~2.3 ns a line of the 1 x 6 tile's, (1 - 1/k) of the lines of k runs in a page); 32 and 16
 # channels (runs of 1-2 lines, the pixels swept whole) the same time; NASNet's 165x165x96 -> 42 (input
 # from L3) 2342 against 2728 us, 2.4 ns a line. Those ran in the machine's slow phases; in its fast ones the
-# same tiles differ by 2-4% (0.3 ns a line), never the other way by more than that: the figure sits
-# between the two, a tie-breaker more than a cost.
+# same tiles differ by 2-4% (0.3 ns a line; 48 channels once 143 / 137 / 143, the wide tile 4% ahead): the
+# figure sits between the two, a tie-breaker more than a cost.
 INTERLEAVED_LINE_CYCLES = 3
 INTERLEAVED_MIN_RUN_LINES = 3
 
 
-def broadcast_run(expr: Expr, t, tiles: Sequence[Mapping[str, int]], shape: Sequence[int]) -> dict[str, int]:
+def broadcast_run(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]],
+                  shape: Sequence[int]) -> dict[str, int]:
     """The tile of iteration space one load instruction of the register tile covers of ``t`` (laid out as
     ``shape``) in one unbroken ascending run: its reduction loop inside the L1 tile, continued through the
     loops over register tiles (codegen/cpu: each level's spatial loops in axis order, then its reduce loops,
