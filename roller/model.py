@@ -228,6 +228,12 @@ PREFETCH_RUN_BYTES = 2048
 PAGE_BYTES = 4096
 
 
+def _level_loop_order(expr: Expr) -> list:
+    """The loops code generation runs over the tiles of the level below within one tile, outer to inner
+    (codegen/cpu): the spatial axes in axis order, then the reduce axes."""
+    return [a for a in expr.axes if a.kind != REDUCE] + [a for a in expr.axes if a.kind == REDUCE]
+
+
 def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
                              staged: Sequence[str] = (), step: Mapping[str, int] | None = None) -> float:
     """Seconds one top tile waits on the lines of inputs read on more strided streams than the prefetcher
@@ -235,10 +241,10 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     ``step`` is the tile the kernel walks the top tile in (the next level's, default the top tile): it
     reads each row of the top tile in runs as wide as that tile's."""
     step = dict(step or top)
-    # consecutive step tiles follow the innermost loop over them (codegen/cpu: spatial loops in axis order,
-    # then reduce loops): along its axis a row continues from one step tile into the next
-    inner = [a.name for a in expr.axes if a.kind != REDUCE] + [a.name for a in expr.axes if a.kind == REDUCE]
-    walked_axis = next((a for a in reversed(inner) if ceil_div(top[a], step[a]) > 1), None)
+    # consecutive step tiles follow the innermost loop over them (_level_loop_order): along its axis a row
+    # continues from one step tile into the next
+    walked = [a.name for a in reversed(_level_loop_order(expr)) if ceil_div(top[a.name], step[a.name]) > 1]
+    walked_axis = walked[0] if walked else None
     if walked_axis is not None:
         step[walked_axis] = top[walked_axis]
     tracked = device.units.prefetch_streams
@@ -286,8 +292,8 @@ def broadcast_run(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
                   shape: Sequence[int]) -> dict[str, int]:
     """The tile of iteration space one load instruction of the register tile covers of ``t`` (laid out as
     ``shape``) in one unbroken ascending run: its reduction loop inside the L1 tile, continued through the
-    loops over register tiles (codegen/cpu: each level's spatial loops in axis order, then its reduce loops,
-    innermost last) for as long as each step starts where the run so far ended. Loops over axes that do not
+    loops over register tiles (``_level_loop_order`` at each level) for as long as each step starts where
+    the run so far ended. Loops over axes that do not
     index ``t`` re-read the run and let it go on after them."""
     cover = {a.name: 1 for a in expr.axes}
 
@@ -296,8 +302,7 @@ def broadcast_run(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
         partial = next((d for d in reversed(range(len(region))) if region[d] < shape[d]), None)
         return partial is None or all(r == 1 for r in region[:partial])
 
-    inner_first = [a for a in reversed(expr.axes) if a.kind == REDUCE] + \
-                  [a for a in reversed(expr.axes) if a.kind != REDUCE]
+    inner_first = list(reversed(_level_loop_order(expr)))
     for lower, upper in zip(tiles, tiles[1:]):
         for a in inner_first:
             steps = ceil_div(upper[a.name], lower[a.name])
