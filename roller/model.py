@@ -722,9 +722,13 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
 # registers and are stored once), between the FMAs of the register tiles, not under them. Fitted on one
 # thread, one A/B process, the same loops otherwise: a 1x1 conv on 56x56x256 -> 64 with its reduction in
 # 8, 4, 2 and 1 L1 chunks ran 680, 652, 642 and 629 us (~0.5 cycles a move at 2.3 GHz); on 56x56x64 -> 256,
-# 2 chunks against 1, 790 against 672 us (PyTorch 677; ~1.1 cycles). The lower figure: ties among
-# compute-bound plans are what it breaks.
-ACCUMULATOR_CYCLES = 0.5
+# 2 chunks against 1, 790 against 672 us (PyTorch 677; ~1.1 cycles); BERT's QK^T (12 x 128x128x64, two
+# threads) in 2 chunks of 32 against 16-deep chunks of one register tile kept in registers, 147 against 136
+# us (~0.75 cycles). Near their mean: at 0.5 (the lowest fit) the memory tie-break ranked such split plans
+# first; at 0.8, 6 of the suite's 58 first plans moved to unsplit ones (scripts/ab_first_plans.py, 11-21
+# rounds, old/new): bert_qk_b12 1.06-1.15, bert_ffn1_128 1.06-1.08 (once 0.93), its nt layout 1.07-1.09,
+# nas_conv1x1_21_336to336 1.04-1.12, vit_fc1_197 0.98-1.00, inc_conv3x3s2_57_64 0.87-1.00 (0.98 over 21).
+ACCUMULATOR_CYCLES = 0.8
 
 
 def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
