@@ -569,3 +569,21 @@ def test_top1_is_the_first_of_top10(expr):
     one, ten = construct(expr, DEV, topk=1), construct(expr, DEV, topk=10)
     assert len(one.programs) == 1 and one.epsilon == ten.epsilon
     assert one.programs[0].key == ten.programs[0].key
+
+
+def test_plans_that_split_the_reduction_over_several_register_tiles_rank_behind_unsplit_ones():
+    """BERT's QK^T (12 x 128x128x64): 2 chunks of 32 over an L1 tile of 8 register tiles ran 139-147 us,
+    16-deep chunks of one register tile (accumulators kept in registers) 127-136 us, two threads. At 0.5
+    cycles a move the two tied and the memory tie-break took the split plan."""
+    from roller import ops
+    from roller.api import analyze
+    from roller.model import accumulator_seconds, rank
+    e = analyze(ops.OPS["batch_matmul"].make({"B": 12, "M": 128, "N": 128, "K": 64}))[0]
+    dev = cpu(units={"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 150.0}})
+    t = lambda m, n, k: {"b": 1, "m": m, "n": n, "k": k}
+    reg, top = t(4, 64, 1), t(128, 128, 64)
+    split, whole = [reg, t(32, 64, 32), top], [reg, t(4, 64, 16), top]
+    assert accumulator_seconds(e, split, dev, "n") > 0 == accumulator_seconds(e, whole, dev, "n")
+    est = {id(p): estimate(e, p, dev, "n") for p in (split, whole)}
+    ranked = rank([split, whole], lambda p: est[id(p)].seconds, lambda p: est[id(p)].memory_seconds)
+    assert ranked[0] is whole
