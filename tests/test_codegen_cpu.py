@@ -543,3 +543,21 @@ def test_kernel_libraries_are_linked_by_ld_and_fall_back_to_the_compiler_driver(
     src.write_text("int roller_probe(void) { return 7; }\n")
     tvmutil._link_shared(str(tmp_path / "c.so"), [str(src)])
     assert len(driver) == 1 and (tmp_path / "c.so").exists()
+
+
+@pytest.mark.build
+def test_a_root_copy_splits_off_its_rows_partial_vector(device):
+    """A padded copy made once at root vectorizes its rows; a row that ends in a partial vector (A's 40
+    columns: 2 vectors and 8) has that vector split off at lowering (the partition hint), as a vector
+    loop carrying the bound ran scalar: the prime matmul's A copy, 1.03-1.06x of the kernel."""
+    from roller.codegen.schedutil import PARTITION_HINT
+
+    def plan(expr):
+        prog = program(expr, (4, 16, 1), (4, 16, 8), (16, 48, 40), packed=("B",))
+        return dataclasses.replace(prog, padded=("m", "n"), predicated=())
+
+    expr, prog = check("matmul", {"M": 13, "N": 37, "K": 40}, device, plan)
+    spec, func, _ = analysed("matmul", {"M": 13, "N": 37, "K": 40})
+    text = schedule(func, expr, prog, device, []).mod.script()
+    copy = text[text.index('T.sblock("A_pad")') - 400:text.index('T.sblock("A_pad")')]
+    assert PARTITION_HINT in copy and "T.vectorized(16)" in copy

@@ -421,7 +421,10 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
         if n > width:
             # a row longer than a vector but not a whole number of them (84 channels) ends in a
             # predicated vector, as the register tile's do: left scalar it cost a 96-channel tile 2x
-            _, inner = sch.split(inner, [None, width])
+            outer, inner = sch.split(inner, [None, width])
+            if n % width:
+                # that vector split off at lowering: a vector loop carrying the bound runs scalar
+                sch.annotate(outer, PARTITION_HINT, 1)
         _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
 
