@@ -13,7 +13,8 @@ split between the active units), plus a fixed overhead per top tile. The plan co
 
 Beyond the paper's terms the model charges what the generated code does (``roller.tails``): flops of
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
-the top level, transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
+the top level (a padded input copied once, whole, at root instead: a parallel loop of its own before the
+kernel's, its bytes at the data's bandwidth plus a launch, ``tails.root_copy_bytes``), transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
 or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
 one by one at the write-back (FOLD_CYCLES), a predicated vector axis's partial last vector as its
 power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
@@ -41,7 +42,7 @@ from .expr import REDUCE, Expr, TensorAccess
 from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
-from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, serial_tail,
+from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, root_copy_bytes, serial_tail,
                     split_axes, stack_array, tail_compute_factor, tail_options, tiling_extents, transposed_elements)
 
 
@@ -814,7 +815,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     per_tile = compute_all / spatial
     packed, _ = packing(expr, list(tiles), device, vector_axis)
     prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants) if constants else ()
-    copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked)
+    root_copies = root_copy_bytes(expr, padded, packed, prepacked)
+    copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked) - root_copies
     mem, traf = {}, {}
     foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
@@ -850,6 +852,10 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
              + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
     seconds = waves * worst + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units)
+    if root_copies:
+        # a parallel loop of its own before the kernel's, not under its compute: the prime matmul 127 x 251
+        # x 509 padded along m (A copied whole) ranked first, and the plan predicating m ran 1.11-1.34x faster
+        seconds += root_copies / (source_bandwidth(expr, device) * 1e9) + launch_seconds(device, device.units.count)
     if units > 1:
         seconds += imbalance_seconds(expr, seconds, worst, waves, device)
     return Estimate(seconds=seconds, compute_seconds=compute_all / units,

@@ -271,6 +271,15 @@ def copied_per_tile(t: TensorAccess, packed: tuple[str, ...]) -> bool:
     return t.name in packed or is_window(t)
 
 
+def root_copy_bytes(expr: Expr, padded: tuple[str, ...], packed: tuple[str, ...],
+                    prepacked: tuple[str, ...] = ()) -> int:
+    """Bytes of the padded copies made once, whole, at root (read and written; part of
+    :func:`copy_bytes`): inputs padded but neither packed nor windows (:func:`copied_per_tile`)."""
+    return sum(2 * math.prod(t.shape) * t.elem_bytes for t in expr.inputs
+               if t.name not in prepacked and not t.packed_order and t.axes & set(padded)
+               and not copied_per_tile(t, packed))
+
+
 def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], packed: tuple[str, ...],
                inlined: tuple[str, ...] = (), prepacked: tuple[str, ...] = ()) -> int:
     """Bytes the plan's copies move for the whole operator (read and written once each):
