@@ -50,11 +50,11 @@ def test_gpu_candidates_are_checked_and_timed_on_the_runtime():
     assert r["timed"] is True and "say nothing about the GPU" in r["ranking"]
     kept = [c for c in r["candidates"] if not c["dropped"]]
     assert kept and all(c["verified"] is True and c["measured_seconds"] > 0 for c in kept)
-    # the fastest wins where it beat the model's first kept plan by the margin, else that plan stays
-    times = [c["measured_seconds"] or np.inf for c in r["candidates"]]
-    first = next(i for i, c in enumerate(r["candidates"]) if not c["dropped"])
-    assert r["chosen"] in (first, min(range(len(times)), key=times.__getitem__))
-    assert times[r["chosen"]] <= times[first] and r["kernel_seconds"] == times[r["chosen"]]
+    # a kept, timed candidate wins: the model's first kept plan unless another beat it round by round by the
+    # margin (profile.time_finalists, pinned in test_profile with set timings). Not the least median: the
+    # rounds' medians can order two plans the other way than their paired ratios on a machine whose speed moves
+    chosen = r["candidates"][r["chosen"]]
+    assert not chosen["dropped"] and r["kernel_seconds"] == chosen["measured_seconds"]
     assert r["verified"] is True and r["gflops"] > 0
 
 
