@@ -14,9 +14,10 @@ split between the active units), plus a fixed overhead per top tile. The plan co
 Beyond the paper's terms the model charges what the generated code does (``roller.tails``): flops of
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
 the top level (a padded input copied once, whole, at root instead: a parallel loop of its own before the
-kernel's, its bytes at the data's bandwidth plus a launch, ``tails.root_copy_bytes``), transposed packs also at their element rate before the tile's compute (TRANSPOSE_CYCLES,
-or REGISTER_TRANSPOSE_CYCLES for whole blocks transposed in registers), the lanes of partial sums folded
-one by one at the write-back (FOLD_CYCLES), a predicated vector axis's partial last vector as its
+kernel's, its bytes at the data's bandwidth plus a launch, ``tails.root_copy_bytes``), transposed packs
+also at their element rate before the tile's compute (TRANSPOSE_CYCLES, or REGISTER_TRANSPOSE_CYCLES
+for whole blocks transposed in registers), the lanes of partial sums folded one by one at the write-back
+(FOLD_CYCLES), a predicated vector axis's partial last vector as its
 power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
 and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), output lines
 two units write where they split the output's contiguous rows inside a line (FALSE_SHARING_SECONDS), a
@@ -42,8 +43,9 @@ from .expr import REDUCE, Expr, TensorAccess
 from .prepack import prepackable
 from .rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints, packing,
                     round_up, tensor_footprint, tile_counts, traffic)
-from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, root_copy_bytes, serial_tail,
-                    split_axes, stack_array, tail_compute_factor, tail_options, tiling_extents, transposed_elements)
+from .tails import (accumulator_tile, clamped_top, copy_bytes, partial_sums, predicated_axes, root_copy_bytes,
+                    serial_tail, split_axes, stack_array, tail_compute_factor, tail_options, tiling_extents,
+                    transposed_elements)
 
 
 @dataclass(frozen=True)

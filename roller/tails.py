@@ -324,8 +324,8 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
             total += 2 * math.prod(min(top[a], expr.axis(a).extent) for a in t.axes) * t.elem_bytes * tiles
         elif copied_per_tile(t, packed):
             total += region * tiles
-        else:
-            total += 2 * math.prod(t.shape) * t.elem_bytes
+        # else once, whole, at root: root_copy_bytes
+    total += root_copy_bytes(expr, padded, packed, prepacked)
     if padded:
         total += 2 * math.prod(expr.output.shape) * expr.output.elem_bytes
     return total
