@@ -40,7 +40,7 @@ from .tirtree import with_main
 from .transpose import in_registers, mark as register_transpose
 from .schedutil import check_program as _check_program, fuse_axes as _fuse_axes
 from .schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
-from .schedutil import PARTITION_HINT, storage_pad as _storage_pad, try_step as _try
+from .schedutil import PARTITION_HINT, split_vectors, storage_pad as _storage_pad, try_step as _try
 
 
 @dataclass
@@ -293,10 +293,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         if vext > lanes:
             # whole vectors; a tile wider than a short axis (84 channels in a 96-wide tile) keeps its
             # overhang as a predicated last vector: vectorized whole, 84 lanes ran 16x slower
-            outer, vloop = sch.split(vloop, [None, lanes])
+            outer, vloop = split_vectors(sch, vloop, lanes, tail_vector)
             sch.unroll(outer)
-            if tail_vector:
-                sch.annotate(outer, PARTITION_HINT, 1)
         if vext > 1:
             sch.vectorize(vloop)
             if tail_vector:
@@ -421,10 +419,7 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
         if n > width:
             # a row longer than a vector but not a whole number of them (84 channels) ends in a
             # predicated vector, as the register tile's do: left scalar it cost a 96-channel tile 2x
-            outer, inner = sch.split(inner, [None, width])
-            if n % width:
-                # that vector split off at lowering: a vector loop carrying the bound runs scalar
-                sch.annotate(outer, PARTITION_HINT, 1)
+            _, inner = split_vectors(sch, inner, width, n % width != 0)
         _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
 

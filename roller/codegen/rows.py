@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import BuildError
 from ..rows import RowPlan
-from .schedutil import PARTITION_HINT
+from .schedutil import split_vectors
 
 
 def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
@@ -104,9 +104,7 @@ def _vectorize_columns(sch, inner, lanes: int, tail: bool) -> None:
     if n < 2:
         return
     if n > lanes:
-        outer, col = sch.split(col, [None, lanes])
-        if tail:
-            sch.annotate(outer, PARTITION_HINT, 1)
+        _, col = split_vectors(sch, col, lanes, tail)
     sch.vectorize(col)
 
 

@@ -94,6 +94,16 @@ def producer_of(sch, block, name: str):
     return None
 
 
+def split_vectors(sch, loop, width: int, tail: bool):
+    """``loop`` split into (a loop over vectors, a loop of ``width`` lanes); with ``tail`` (an extent not a
+    whole number of vectors) lowering splits the last, partial vector off (PARTITION_HINT): TVM emits a
+    vector loop that carries a bound as scalar code."""
+    outer, inner = sch.split(loop, [None, width])
+    if tail:
+        sch.annotate(outer, PARTITION_HINT, 1)
+    return outer, inner
+
+
 def try_step(notes: list[str] | None, what: str, fn, *args):
     """Runs one optional schedule step; False if TVM says it does not apply (the schedule is unchanged).
     With ``notes``, a step that did not apply is reported there (``what`` names it)."""
