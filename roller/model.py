@@ -246,8 +246,8 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
     step = dict(step or top)
     # consecutive step tiles follow the innermost loop over them (_level_loop_order): along its axis a row
     # continues from one step tile into the next
-    walked = [a.name for a in reversed(_level_loop_order(expr)) if ceil_div(top[a.name], step[a.name]) > 1]
-    walked_axis = walked[0] if walked else None
+    walked_axis = next((a.name for a in reversed(_level_loop_order(expr)) if ceil_div(top[a.name], step[a.name]) > 1),
+                       None)
     if walked_axis is not None:
         step[walked_axis] = top[walked_axis]
     tracked = device.units.prefetch_streams
