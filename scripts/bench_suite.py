@@ -25,7 +25,9 @@ balance), GB/s against the calibrated bandwidth of where the data lives between 
 shared level, or a mix of the two near the L2s' capacity: ``roller.model.source_bandwidth``). At the end
 a Markdown table, a CSV (``--out DIR``) and one summary line:
 cases, verified, worst ratio, geomean ratio, share >= 0.9x, median and max build seconds, top-1/top-10
-(median, and cases within 10%), memory-bound cases at >= 80% of their level's bandwidth, measured/model.
+(median, and cases within 10%), memory-bound cases at >= 80% of their level's bandwidth, measured/model,
+and the machine's speed during the run (``benchutil.SpeedProbe``: the calibration's peak kernel timed
+before each case, as a share of the calibrated peak; the model's predictions assume 100%).
 
     python scripts/bench_suite.py [--cases REGEX] [--quick] [--out DIR] [--no-torch] [--suite CSV]
 
@@ -76,7 +78,7 @@ from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from benchutil import openblas_info, peers  # noqa: E402
+from benchutil import SpeedProbe, openblas_info, peers  # noqa: E402
 from roller.timing import SETTLE_SECONDS, paired_ratio, time_rounds  # noqa: E402
 
 SUITE = Path(__file__).with_name("suite.csv")
@@ -195,6 +197,7 @@ class Row:
     predicted: float | None = None   # the model's prediction for the top-K's chosen plan
     ratio: float | None = None        # best peer / roller top-K, the median of the rounds' ratios
     top1_over_topk: float | None = None  # the median of the ratios of a tight alternation of the two
+    machine: float | None = None  # the machine's speed before the case's timings, share of its calibrated peak
 
     @property
     def over_model(self) -> float | None:
@@ -231,7 +234,7 @@ def _cycling(main, placements: list) -> Callable[[], object]:
     return lambda: main(*next(turn))
 
 
-def run_case(case: Case, device, args) -> Row:
+def run_case(case: Case, device, args, probe: SpeedProbe | None = None) -> Row:
     """Builds, checks and times one case (see the module docstring)."""
     from roller.errors import RollerError
     from roller.model import resident_share, shared_source, source_bandwidth
@@ -286,6 +289,7 @@ def run_case(case: Case, device, args) -> Row:
             impls.append((p.name, p.run))
         else:
             row.peer_notes.append(f"{p.name} computes something else here: not compared")
+    row.machine = probe.speed() if probe is not None else None
     rounds = time_rounds(impls, rounds=args.rounds, target=args.target)
     med = {k: statistics.median(v) for k, v in rounds.items()}
     row.top1, row.topk = med.pop("top1"), med.pop("topk")
@@ -351,7 +355,7 @@ def markdown(rows: list[Row], topk: int, peer_names: list[str]) -> str:
 CSV_FIELDS = ["case", "network", "op", "shape", "options", "status", "verified", "top1_seconds", "topk_seconds",
               "numpy_seconds", "torch_seconds", "best_peer", "ratio", "top1_over_topk", "gflops", "gbps",
               "memory_bound", "data_level", "level_gbps", "build_top1_seconds", "build_topk_seconds", "chosen",
-              "predicted_seconds", "measured_over_model", "notes"]
+              "predicted_seconds", "measured_over_model", "machine_speed", "notes"]
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -368,7 +372,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
                 "top1_over_topk": r.top1_over_topk, "gflops": r.gflops(r.topk), "gbps": r.gbps(r.topk),
                 "memory_bound": r.memory_bound, "data_level": r.level, "level_gbps": r.level_gbps,
                 "build_top1_seconds": r.build1, "build_topk_seconds": r.buildk, "chosen": r.chosen,
-                "predicted_seconds": r.predicted, "measured_over_model": r.over_model,
+                "predicted_seconds": r.predicted, "measured_over_model": r.over_model, "machine_speed": r.machine,
                 "notes": "; ".join(r.peer_notes)})
 
 
@@ -405,6 +409,10 @@ def summary(rows: list[Row], topk: int) -> str:
         off = max(om, key=lambda x: max(x[0], 1 / x[0]))
         within = sum(0.5 <= x <= 2 for x, _ in om)
         parts.append(f"measured/model within 2x {within}/{len(om)} (furthest {off[0]:.2f}, {off[1]})")
+    speeds = sorted(r.machine for r in built if r.machine is not None)
+    if speeds:  # context for the figures above: the model is calibrated in one phase of the machine
+        parts.append(f"machine at {speeds[0]:.0%}-{speeds[-1]:.0%} of its calibrated peak "
+                     f"(median {statistics.median(speeds):.0%})")
     return "summary: " + ", ".join(parts)
 
 
@@ -414,7 +422,9 @@ def _progress(row: Row, topk: int) -> str:
         return f"{c.name}: {row.status}"
     peers_txt = "  ".join(f"{k} {_t(v)}" for k, v in row.peers.items())
     return (f"{c.name}: top-1 {_t(row.top1)}  top-{topk} {_t(row.topk)}  {peers_txt}  ratio {_f(row.ratio)}  "
-            f"{throughput(row)}  build {row.buildk:.1f} s" + ("" if row.verified else "  NOT VERIFIED")
+            f"{throughput(row)}  build {row.buildk:.1f} s"
+            + (f"  machine {row.machine:.0%}" if row.machine is not None else "")
+            + ("" if row.verified else "  NOT VERIFIED")
             + "".join(f"  [{n}]" for n in row.peer_notes))
 
 
@@ -473,10 +483,11 @@ def main(argv=None) -> int:
     for line in info:
         print(line, file=sys.stderr, flush=True)
 
+    probe = SpeedProbe(device) if device.calibrated else None
     t0 = time.perf_counter()
     rows = []
     for i, case in enumerate(cases, 1):
-        row = run_case(case, device, args)
+        row = run_case(case, device, args, probe)
         rows.append(row)
         print(f"[{i}/{len(cases)}] {_progress(row, args.topk)}", file=sys.stderr, flush=True)
     peer_names = [p for p in ("numpy", "torch") if any(p in r.peers for r in rows)]

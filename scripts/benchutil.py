@@ -33,6 +33,45 @@ def last_cache_bytes() -> int:
     return max(sizes, default=0)
 
 
+class SpeedProbe:
+    """How fast the machine runs now against its calibration: the calibration's own peak kernel
+    (``microbench.kernels.peak_kernel``, float32, every unit, ~1 ms a call) timed a few times, its median
+    rate over the device's calibrated float32 peak. On a shared VM whose speed moves by up to 3.5x between
+    minutes, a run's measured/model figures mean little without it: the model is calibrated in one phase
+    and timed in another. It reports; nothing is scaled by it."""
+
+    def __init__(self, device, calls: int = 5):
+        import tvm
+
+        from microbench.kernels import peak_flops, peak_kernel, peak_reference
+        from microbench.plan import peak_tile
+        from roller.tvmutil import target_for
+
+        tile = peak_tile(device, "float32")
+        units, lanes, mr, nv, k = device.units.count, tile["lanes"], tile["mr"], tile["nv"], tile["k"]
+        self.peak = device.units.peak("float32") * units  # GFLOP/s, calibrated
+        reps = max(1, int(self.peak * 1e9 * 1e-3 / peak_flops(units, mr, nv, lanes, k, 1)))
+        self.work = peak_flops(units, mr, nv, lanes, k, reps)
+        mod = tvm.compile(tvm.IRModule({"main": peak_kernel("float32", lanes, mr, nv, k, reps, units, True)}),
+                          target_for(device)).mod
+        a = np.zeros((units, mr, k), "float32")
+        a[:, :, 0] = 1  # exact sums: one non-zero column
+        b = np.random.default_rng(0).integers(0, 3, (units, k, nv * lanes)).astype("float32")
+        dev = tvm.cpu()
+        args = [tvm.runtime.tensor(x, dev) for x in (a, b)] + [tvm.runtime.empty((units, mr, nv * lanes),
+                                                                                   "float32", dev)]
+        mod["main"](*args)
+        if not np.array_equal(args[-1].numpy(), peak_reference(a, b, reps)):
+            raise RuntimeError("the speed probe's peak kernel computed a wrong result")
+        self._timer = mod.time_evaluator("main", dev, number=1, repeat=calls)
+        self._args = args
+
+    def speed(self) -> float:
+        """The median rate of a few calls now, as a fraction of the calibrated peak."""
+        rates = sorted(self.work / s / 1e9 for s in self._timer(*self._args).results)
+        return rates[len(rates) // 2] / self.peak
+
+
 # Bytes written between cold calls: twice the last-level cache (and at least 64 MB), so that a call finds
 # none of its operands cached (inside a model, the other layers leave a layer's weights in memory).
 FLUSH_BYTES = max(64 << 20, 2 * last_cache_bytes())
