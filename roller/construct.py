@@ -11,6 +11,7 @@ Plans are ranked with roller.model; epsilon (the allowed padding waste) grows on
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -273,7 +274,13 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
 
     def walk(index: int, acc: list[dict[str, int]]):
         floor = units if index == n - 1 else 1
-        for tile in scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis):
+        tiles = scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis)
+        if index == n - 1 and units > 1 and _fits_one_unit(expr, device):
+            # the whole operator on one unit, without the thread pool's start and join
+            # (model.PARALLEL_LAUNCH_CYCLES): for the smallest operators that is most of their time
+            tiles += [t for t in scale_up(expr, device, index, acc, eps, bounds, vector_axis=vector_axis)
+                      if tile_counts(expr, t)[1] == 1 and t not in tiles]
+        for tile in tiles:
             if index == n - 1:
                 out.append(acc + [tile])
             else:
@@ -281,6 +288,12 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
 
     walk(0, [])
     return out
+
+
+def _fits_one_unit(expr: Expr, device: Device) -> bool:
+    """Whether every tensor of the operator together fits one unit's last private level: the operators
+    small enough that a plan running them on one unit is worth ranking against spreading them."""
+    return sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors) <= device.private_levels[-1].capacity_bytes
 
 
 def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:

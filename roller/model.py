@@ -79,10 +79,13 @@ def tile_overhead(device: Device) -> float:
 
 
 # Fixed cost of running a kernel over several units: TVM's thread pool wakes its workers and joins them
-# on every call. Measured here (one process, alternating): add_relu over 2x4096 elements on 2 cores 2.1 us,
-# over 64x16 on 2 cores 2.3 us, over 16 elements on one core (no parallel loop) 0.3 us: ~1.9 us, ~5000
-# cycles of the spec's 2.6 GHz clock.
-PARALLEL_LAUNCH_CYCLES = 5000
+# on every call. Measured here (one process, alternating, 2026-11-27): add_relu over 2x64 elements in two
+# top tiles on 2 cores 1.4-1.8 us, in one top tile (no parallel loop) 0.2-0.4 us: 1.2-1.4 us; over 2x4096
+# one unit 1.7 us against two 2.6, 2x8192 2.7 against 3.2, 2x16384 5.1 against 4.2 (construction offers
+# the one-unit plan, construct._fits_one_unit). 3000 cycles of the calibrated 2.1 GHz clock (1.4 us);
+# 5000 before, fitted at 1.9 us when the spec's clock was 2.6 GHz, charged 2.4 us and ranked one unit
+# first at 2x16384.
+PARALLEL_LAUNCH_CYCLES = 3000
 
 
 def launch_seconds(device: Device, units: int) -> float:

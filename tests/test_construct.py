@@ -5,7 +5,7 @@ import math
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
-from roller.construct import EPSILON_STEPS, construct
+from roller.construct import EPSILON_STEPS, construct, enumerate_programs
 from roller.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
 from roller.model import TIE, estimate, launch_seconds, tile_overhead
 from roller.rprogram import RProgram
@@ -587,3 +587,20 @@ def test_plans_that_split_the_reduction_over_several_register_tiles_rank_behind_
     est = {id(p): estimate(e, p, dev, "n") for p in (split, whole)}
     ranked = rank([split, whole], lambda p: est[id(p)].seconds, lambda p: est[id(p)].memory_seconds)
     assert ranked[0] is whole
+
+
+def test_an_operator_small_enough_runs_on_one_unit_where_the_thread_pool_would_cost_more():
+    """Construction offers the whole operator on one unit when its tensors fit a unit's last private level,
+    and the model weighs it against spreading: 2 x 4096 elements (96 KB) take less than the pool's start and
+    join on one unit; 2 x 16384 (384 KB) are worth four units. Larger operators get no one-unit plan."""
+    small = construct(elementwise(2, 4096), DEV).programs
+    assert small[0].units == 1 and small[0].grid == {"a0": 1, "a1": 1}
+    spread = next(p for p in small if p.units > 1)
+    assert spread.predicted_seconds >= small[0].predicted_seconds + launch_seconds(DEV, spread.units) / 2
+
+    mid = enumerate_programs(elementwise(2, 16384), DEV, 0.0)  # every plan, ranked
+    assert mid[0].units == DEV.units.count
+    assert any(p.units == 1 for p in mid)  # offered, and ranked behind
+
+    large = enumerate_programs(elementwise(2, 65536), DEV, 0.0)  # 1.5 MB: over the L2's 1 MiB
+    assert all(p.units == DEV.units.count for p in large)
