@@ -23,8 +23,8 @@ from .model import Estimate, compute_rate, estimate, rank, source_bandwidth
 from .prepack import prepackable
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
-                    exact_axes, layout_expr, next_aligned, packing, packing_bytes, reuse_score, tile_counts, traffic,
-                    vector_candidates)
+                    exact_axes, layout_expr, next_aligned, packing, packing_bytes, padding_waste, reuse_score, round_up,
+                    tile_counts, traffic, vector_candidates)
 from .tails import (inline_options, partial_sums, predicated_axes, spills_window, stack_array, tail_options,
                     tiling_extents)
 
@@ -35,6 +35,13 @@ EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 # constructing for 10 took as long as for 1 (8.2 s against 8.1 for the 58 suite cases).
 RANK_POOL = 10
 BRANCH = 4  # tiles per level carried on to the next level
+# Padding along the vector axis a two-vector register tile may add beyond epsilon (scale_up's two_vectors):
+# its last tile is padded or predicated, which the model charges. A 1x1 conv on 42x42x168 -> 168 (one
+# thread) ran 910-1151 us with the 14-pixel x one-vector tile epsilon 0 allowed, 687-707 with 7 x 2 vectors
+# (168 channels in 11 vectors; two-vector tiles pad them to 12, 9%). Suite first plans that moved
+# (ab_first_plans.py, two threads, old/new): that conv 1.24 / 1.27, add_relu on 100x3001 1.09 / 1.05,
+# nas_conv1x1_21_336to336 1.07 / 0.97.
+TWO_VECTOR_WASTE = 0.1
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,12 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     top = index == len(levels) - 1
     source_gbps = levels[index + 1].bandwidth_gbps if not top else source_bandwidth(expr, device, 1)
     seed = below_tiles[-1] if below_tiles else {}
+    # along the vector axis, this level tiles the extent the register tile pads it to (a two-vector tile
+    # over an odd count of vectors): that padding is the register tile's, charged by the model, not this
+    # level's. (Along the other axes too, the prime matmul 127 x 251 x 509 moved to top tiles of 4 rows
+    # padded to 128 that ran 0.84-0.87x.)
+    if vector_axis in seed:
+        extents[vector_axis] = round_up(extents[vector_axis], seed[vector_axis])
     tile = _first_tile(expr, rules, seed, eps, extents)
 
     # The growths below (the greedy one and one per held axis) meet the same tiles again and again:
@@ -183,8 +196,9 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1:
             return None
         width = 2 * rules.lanes
-        if tile[vector_axis] != rules.lanes or next_aligned(
-                extents[vector_axis], tile[vector_axis], steps[vector_axis], 1, eps, limit, vector_axis in exact) != width:
+        if tile[vector_axis] != rules.lanes or vector_axis in exact or extents[vector_axis] < width or (
+                next_aligned(extents[vector_axis], tile[vector_axis], steps[vector_axis], 1, eps, limit) != width
+                and padding_waste(extents[vector_axis], width) > TWO_VECTOR_WASTE):
             return None
         start = {**tile, vector_axis: width}
         others = [a.name for a in expr.spatial_axes if a.name != vector_axis and extents[a.name] > 1]

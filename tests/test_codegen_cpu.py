@@ -561,3 +561,22 @@ def test_a_root_copy_splits_off_its_rows_partial_vector(device):
     text = schedule(func, expr, prog, device, []).mod.script()
     copy = text[text.index('T.sblock("A_pad")') - 400:text.index('T.sblock("A_pad")')]
     assert PARTITION_HINT in copy and "T.vectorized(16)" in copy
+
+
+@pytest.mark.build
+def test_a_two_vector_register_tile_over_an_odd_count_of_vectors_pads_the_last_one(device):
+    """168 output channels are 11 vectors; construction offers register tiles two vectors wide (12
+    vectors, construct.TWO_VECTOR_WASTE) and tiles the levels above over the padded 192. The kernel
+    covers every channel and writes none past 168."""
+    from roller.api import analyze as api_analyze
+    from roller.construct import enumerate_programs
+
+    spec, shape = ops.OPS["conv2d"], dict(N=1, H=6, W=7, C=168, K=168, R=1, S=1, stride=1, pad=0, dilation=1,
+                                          groups=1)
+    expr, func = api_analyze(spec.make(shape))
+    plans = [p for p in enumerate_programs(expr, device, 0.0) if p.vector_axis == "k" and p.tiles[0]["k"] == 32]
+    assert plans, "no two-vector register tile offered over 11 vectors"
+    over = [p for p in plans if p.tiles[-1]["k"] > 168]
+    assert over, "no plan tiles the levels above over the padded extent"
+    run_against_numpy(spec, func, expr, over[0], device, shape)
+    run_against_numpy(spec, func, expr, plans[0], device, shape)

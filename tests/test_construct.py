@@ -5,11 +5,11 @@ import math
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
-from roller.construct import EPSILON_STEPS, construct, enumerate_programs
+from roller.construct import EPSILON_STEPS, TWO_VECTOR_WASTE, construct, enumerate_programs
 from roller.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
 from roller.model import TIE, estimate, launch_seconds, tile_overhead
 from roller.rprogram import RProgram
-from roller.rtile import ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, tile_counts
+from roller.rtile import ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, round_up, tile_counts
 from roller.tails import serial_tail, tiling_extents
 
 DEV = cpu()
@@ -24,19 +24,26 @@ def alignment_problems(expr, prog: RProgram, dev=DEV) -> list[tuple]:
     cache lines along contiguous axes above) whose padding waste over the tiled extent is at most the
     plan's epsilon (rtile.next_aligned: a tile may overhang, or leave a ragged last tile, only that much;
     rtile.axis_epsilon raises the bound along extents with no small divisor or no aligned divisor).
+    A register tile two vectors wide may pad the vector axis by up to construct.TWO_VECTOR_WASTE, and the
+    levels above it then tile the vector axis as padded to it.
     """
     lanes = compute_lanes(expr, dev)
     extents = tiling_extents(expr, prog.vector_axis, lanes)
+    va = prog.vector_axis
     bad = []
     for i, tile in enumerate(prog.tiles):
         rules = LevelRules.of(dev, i, expr, prog.vector_axis)
         for a in expr.axes:
             size, step = tile[a.name], axis_step(expr, a.name, rules)
-            if size in (a.extent, extents[a.name]):
+            extent = round_up(extents[a.name], prog.tiles[0][a.name]) if i and a.name == va else extents[a.name]
+            if size in (a.extent, extents[a.name], extent):
+                continue
+            if (i == 0 and a.name == va and size == 2 * lanes
+                    and padding_waste(extent, size) <= TWO_VECTOR_WASTE + 1e-12):
                 continue
             lower = prog.tiles[i - 1][a.name] if i else 1
-            eps = axis_epsilon(extents[a.name], prog.epsilon, math.lcm(step, lower))
-            if size % step or padding_waste(extents[a.name], size) > eps + 1e-12:
+            eps = axis_epsilon(extent, prog.epsilon, math.lcm(step, lower))
+            if size % step or padding_waste(extent, size) > eps + 1e-12:
                 bad.append((prog.levels[i], a.name, size, step))
     return bad
 
