@@ -289,7 +289,9 @@ def run_case(case: Case, device, args, probe: SpeedProbe | None = None) -> Row:
             impls.append((p.name, p.run))
         else:
             row.peer_notes.append(f"{p.name} computes something else here: not compared")
-    row.machine = probe.speed() if probe is not None else None
+    if probe is not None:
+        time.sleep(SETTLE_SECONDS)  # the peers' thread pools, which ran their check just now, stop spinning
+        row.machine = probe.speed()
     rounds = time_rounds(impls, rounds=args.rounds, target=args.target)
     med = {k: statistics.median(v) for k, v in rounds.items()}
     row.top1, row.topk = med.pop("top1"), med.pop("topk")
