@@ -93,6 +93,15 @@ def launch_seconds(device: Device, units: int) -> float:
     return PARALLEL_LAUNCH_CYCLES * cycle_seconds(device) if units > 1 else 0.0
 
 
+# Share of the L1's calibrated read bandwidth (a stream of whole-vector loads) that a register tile's loads
+# reach between its FMAs: the register level's traffic is charged at it. One thread, a 1x1 conv on
+# 42x42x168 -> 168: 14 pixels x one vector (15 loads a step for 14 FMAs) ran 910-1151 us, 7 x 2 vectors
+# (9 loads for 14) 687-707; at 0.75 the first is load-bound at 1.65x the second, which just stays
+# FMA-bound, as it ran. Two suite first plans moved (ab_first_plans.py, 11 rounds, old/new): the 5x5
+# depthwise to its window's rows inside the register tile 1.036, gpt2_gemv_768to768 1.015.
+REGISTER_LOAD_SHARE = 0.75
+
+
 # Seconds a cache line written by two units costs (it moves between their caches): where the parallel grid
 # splits the output's contiguous dimension between units at a boundary inside a line. Fitted on one case
 # (two threads, one process, the same tiles): a depthwise 3x3 of stride 2 on 28x28x90 whose cores split
@@ -831,6 +840,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
             q += (copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
                   - halo_bytes(expr, tile, rules, vector_axis, predicated))
         below = unit_bandwidth(levels[i + 1], units) if i + 1 < len(levels) else source_bandwidth(expr, device, units)
+        if i == 0:
+            below *= REGISTER_LOAD_SHARE
         cold = 0.0
         if i == len(levels) - 1 and prepacked and device.constants_level:
             # a model's weights that do not stay in the caches between calls come from constants_level

@@ -611,3 +611,47 @@ def test_an_operator_small_enough_runs_on_one_unit_where_the_thread_pool_would_c
 
     large = enumerate_programs(elementwise(2, 65536), DEV, 0.0)  # 1.5 MB: over the L2's 1 MiB
     assert all(p.units == DEV.units.count for p in large)
+
+
+def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reuses_its_loads(monkeypatch):
+    """Same accumulators (14 vectors), same tiles above: 14 pixels x one vector loads 15 vectors a step
+    for 14 FMAs, 7 x 2 vectors 9. Loads between FMAs reach model.REGISTER_LOAD_SHARE of the L1's stream
+    bandwidth, so the first is load-bound (1x1 conv 42x42x168, one thread: 910-1151 us against 687-707);
+    at the full stream bandwidth the model tied them."""
+    import roller.model as model
+    from roller.device import load_device
+
+    dev = load_device("x86-avx512", calibrated=False)
+    expr = conv2d_nhwc(1, 42, 42, 176, 176, 1, 1)
+
+    def tiles(h, k):
+        reg = dict(n=1, h=h, w=1, k=k, r=1, s=1, c=1)
+        return [reg, dict(reg, c=176), dict(reg, h=14, w=42, k=32, c=176)]
+
+    def ratio():
+        narrow, wide = (estimate(expr, tiles(h, k), dev, "k", ()) for h, k in ((14, 16), (7, 32)))
+        assert narrow.compute_seconds == pytest.approx(wide.compute_seconds)
+        return narrow.seconds / wide.seconds
+
+    assert ratio() > 1.25
+    monkeypatch.setattr(model, "REGISTER_LOAD_SHARE", 1.0)
+    assert ratio() == pytest.approx(1.0)
+
+
+def test_the_avx512_register_budget_admits_six_by_four_vector_gemm_tiles_not_fourteen_window_rows():
+    """hwspecs/x86-avx512.yaml's register level (usable_fraction 0.9): 6 rows x 4 vectors of accumulators
+    with their operands fit (they ran 1.04-1.08x faster than 4 x 4); a depthwise tile of 14 rows with its
+    window outside (14 accumulators, 14 input vectors, a weight) does not (it ran 0.78x)."""
+    from roller.device import load_device
+    from roller.ops import OPS
+    from roller.api import analyze
+
+    dev = load_device("x86-avx512", calibrated=False)
+    gemm = matmul(384, 3072, 768)
+    rules = LevelRules.of(dev, 0, gemm, "j")
+    assert footprint(gemm, dict(i=6, j=64, k=1), rules) <= rules.capacity
+    dw, _ = analyze(OPS["depthwise_conv2d"].make(OPS["depthwise_conv2d"].full_shape(
+        dict(N=1, H=83, W=83, C=42, R=5, S=5, pad=2))))
+    rules = LevelRules.of(dev, 0, dw, "c")
+    reg = {a.name: 1 for a in dw.axes} | dict(h=14, c=16)
+    assert footprint(dw, reg, rules) > rules.capacity
