@@ -643,15 +643,17 @@ def test_the_avx512_register_budget_admits_six_by_four_vector_gemm_tiles_not_fou
     with their operands fit (they ran 1.04-1.08x faster than 4 x 4); a depthwise tile of 14 rows with its
     window outside (14 accumulators, 14 input vectors, a weight) does not (it ran 0.78x)."""
     from roller.device import load_device
-    from roller.ops import OPS
-    from roller.api import analyze
 
     dev = load_device("x86-avx512", calibrated=False)
     gemm = matmul(384, 3072, 768)
     rules = LevelRules.of(dev, 0, gemm, "j")
     assert footprint(gemm, dict(i=6, j=64, k=1), rules) <= rules.capacity
-    dw, _ = analyze(OPS["depthwise_conv2d"].make(OPS["depthwise_conv2d"].full_shape(
-        dict(N=1, H=83, W=83, C=42, R=5, S=5, pad=2))))
+    # a 5x5 depthwise on 83x83x42, input already padded: X[h + r, w + s, c] * Wt[r, s, c]
+    axes = (Axis("h", 83, SPATIAL), Axis("w", 83, SPATIAL), Axis("c", 42, SPATIAL), Axis("r", 5, REDUCE),
+            Axis("s", 5, REDUCE))
+    dw = Expr("depthwise", axes, (acc("X", (87, 87, 42), {"h": 1, "r": 1}, {"w": 1, "s": 1}, {"c": 1}),
+                                  acc("Wt", (5, 5, 42), {"r": 1}, {"s": 1}, {"c": 1})),
+              acc("Y", (83, 83, 42), {"h": 1}, {"w": 1}, {"c": 1}), zero_pad_axes=("r", "s"))
     rules = LevelRules.of(dev, 0, dw, "c")
-    reg = {a.name: 1 for a in dw.axes} | dict(h=14, c=16)
-    assert footprint(dw, reg, rules) > rules.capacity
+    assert footprint(dw, dict(h=14, w=1, c=16, r=1, s=1), rules) > rules.capacity
+    assert footprint(dw, dict(h=7, w=1, c=16, r=5, s=1), rules) <= rules.capacity  # the window inside fits
