@@ -11,7 +11,6 @@ Plans are ranked with roller.model; epsilon (the allowed padding waste) grows on
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -19,7 +18,7 @@ from typing import Mapping
 from .device import Device
 from .errors import InvalidShapeError, UnsupportedExpressionError
 from .expr import REDUCE, Expr
-from .model import Estimate, compute_rate, estimate, rank, source_bandwidth
+from .model import Estimate, compute_rate, estimate, rank, source_bandwidth, tensor_bytes
 from .prepack import prepackable
 from .rprogram import RProgram
 from .rtile import (LevelRules, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint, level_footprints,
@@ -307,7 +306,7 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
 def _fits_one_unit(expr: Expr, device: Device) -> bool:
     """Whether every tensor of the operator together fits one unit's last private level: the operators
     small enough that a plan running them on one unit is worth ranking against spreading them."""
-    return sum(math.prod(t.shape) * t.elem_bytes for t in expr.tensors) <= device.private_levels[-1].capacity_bytes
+    return tensor_bytes(expr) <= device.private_levels[-1].capacity_bytes
 
 
 def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
