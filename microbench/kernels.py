@@ -61,6 +61,15 @@ def peak_flops(units: int, mr: int, nv: int, lanes: int, k: int, reps: int) -> i
     return 2 * units * mr * nv * lanes * k * reps
 
 
+def peak_inputs(dtype: str, units: int, mr: int, nv: int, lanes: int, k: int,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Check data for ``peak_kernel``: A with one non-zero column (so exact sums stay small in every
+    dtype) and B of small integers."""
+    a = np.zeros((units, mr, k), dtype)
+    a[:, :, 0] = 1
+    return a, rng.integers(0, 3, (units, k, nv * lanes)).astype(dtype)
+
+
 def peak_reference(a: np.ndarray, b: np.ndarray, reps: int) -> np.ndarray:
     """numpy ``peak_kernel`` result in float64."""
     return reps * np.einsum("uik,ukj->uij", a.astype("float64"), b.astype("float64"))

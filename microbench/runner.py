@@ -156,16 +156,15 @@ class Runner:
             if dtype == "int8":
                 mod = built or self.compile(K.int8_peak_kernel(mr, nv, k, reps, units, par))
                 a = np.zeros((units, mr, k), "uint8")
+                a[:, :, 0] = 1
                 b = rng.integers(-2, 3, (units, k // 4, nv * 16, 4)).astype("int8")
                 c_shape, c_dtype = (units, mr, nv * 16), "int32"
                 work = K.int8_peak_ops(units, mr, nv, k, reps)
             else:
                 mod = built or self.compile(K.peak_kernel(dtype, lanes, mr, nv, k, reps, units, par))
-                a = np.zeros((units, mr, k), dtype)
-                b = rng.integers(0, 3, (units, k, nv * lanes)).astype(dtype)
+                a, b = K.peak_inputs(dtype, units, mr, nv, lanes, k, rng)
                 c_shape, c_dtype = (units, mr, nv * lanes), dtype
                 work = K.peak_flops(units, mr, nv, lanes, k, reps)
-            a[:, :, 0] = 1
             ref = K.int8_peak_reference(a, b, reps) if dtype == "int8" else K.peak_reference(a, b, reps)
             A, B = (self.tvm.runtime.tensor(x, self.dev) for x in (a, b))
             C = self.tvm.runtime.empty(c_shape, c_dtype, self.dev)

@@ -43,7 +43,7 @@ class SpeedProbe:
     def __init__(self, device, calls: int = 5):
         import tvm
 
-        from microbench.kernels import peak_flops, peak_kernel, peak_reference
+        from microbench.kernels import peak_flops, peak_inputs, peak_kernel, peak_reference
         from microbench.plan import peak_tile
         from roller.tvmutil import target_for
 
@@ -54,9 +54,7 @@ class SpeedProbe:
         self.work = peak_flops(units, mr, nv, lanes, k, reps)
         mod = tvm.compile(tvm.IRModule({"main": peak_kernel("float32", lanes, mr, nv, k, reps, units, True)}),
                           target_for(device)).mod
-        a = np.zeros((units, mr, k), "float32")
-        a[:, :, 0] = 1  # exact sums: one non-zero column
-        b = np.random.default_rng(0).integers(0, 3, (units, k, nv * lanes)).astype("float32")
+        a, b = peak_inputs("float32", units, mr, nv, lanes, k, np.random.default_rng(0))
         dev = tvm.cpu()
         args = [tvm.runtime.tensor(x, dev) for x in (a, b)] + [tvm.runtime.empty((units, mr, nv * lanes),
                                                                                    "float32", dev)]
