@@ -3,12 +3,13 @@
 The policy (device, expr, rtile, model, construct) is plain Python and imports no compiler; TVM is
 imported only when a function is analysed, scheduled, built or profiled.
 """
-from .api import BuildResult, analyze, build, build_op, construct
-from .device import Device, load_device
-from .errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, ModelError, RollerError,
-                     UnsupportedExpressionError)
-from .expr import Expr, fuse_axes
-from .rprogram import RProgram
+from roller.builder.api import BuildResult, analyze, build, build_op, construct
+from roller.device.spec import Device
+from roller.device.load import load_device
+from roller.errors import (BuildError, CalibrationError, DeviceSpecError, InvalidShapeError, ModelError, RollerError,
+                           UnsupportedExpressionError)
+from roller.plan.expr import Expr, fuse_axes
+from roller.plan.rprogram import RProgram
 
 __version__ = "0.1.0"
 
@@ -21,8 +22,8 @@ __all__ = [
 
 def compile_model(model, device=None, **options):
     """Compiles a whole model (an ONNX file / ModelProto, or a Relax IRModule) with every fused function
-    scheduled, roller first; the options are :func:`roller.frontend.compile_model`'s (imports TVM on use)."""
-    from .frontend import compile_model as _compile_model
+    scheduled, roller first; the options are :func:`roller.models.frontend.compile_model`'s (imports TVM on use)."""
+    from roller.models.frontend import compile_model as _compile_model
     return _compile_model(model, device, **options)
 
 
@@ -30,7 +31,7 @@ def __getattr__(name):
     if name == "ops":  # imports TVM: only on first use
         import importlib
         return importlib.import_module(".ops", __name__)
-    if name == "JIT":  # (not imported with the package: `python -m roller.jit` runs that module as a script)
-        from .jit import JIT
+    if name == "JIT":  # (not imported with the package: `python -m roller.serve.jit` runs that module as a script)
+        from roller.serve.jit import JIT
         return JIT
     raise AttributeError(name)

@@ -12,9 +12,9 @@ import time
 import traceback
 import warnings
 
-from .errors import RollerError
-from .profile import BUILD_BUDGET_SECONDS, SKIPPED
-from .relax import PROFILE_BUDGET_SECONDS
+from roller.errors import RollerError
+from roller.builder.farm import BUILD_BUDGET_SECONDS, SKIPPED
+from roller.models.relax_pass import PROFILE_BUDGET_SECONDS
 
 EXIT_ERROR = 2
 
@@ -98,7 +98,7 @@ def _print_gpu_build(report: dict, saved: dict | None) -> None:
 def _kernel_request(args) -> dict:
     """build_op's arguments from parsed kernel arguments (see _add_kernel_args), validated: one clear
     error line before anything is built."""
-    from . import ops
+    from roller.tir import ops
 
     options = {k: getattr(args, k) for k in ops.option_names() if getattr(args, k, None) is not None}
     spec = ops.get_op(args.op).with_options(**options)  # `matmul --kind max`: one clear line, before building
@@ -108,16 +108,17 @@ def _kernel_request(args) -> dict:
 
 
 def cmd_build(args) -> int:
-    from . import api
-    from .output import check_out_dir
+    from roller.builder import api
+    from roller.output import check_out_dir
 
     request = _kernel_request(args)
     if args.out:
         check_out_dir(args.out)  # fail before the build, not after it
     if args.plot:
-        from .device import load_device
-        from .plot import check_plot_path
-        if load_device(args.device).kind == "gpu":
+        from roller.builder.plot import check_plot_path
+        from roller.device.load import load_device
+        from roller.targets import target_of
+        if target_of(load_device(args.device)).offline:
             raise RollerError(f"--plot draws measured candidates; nothing is timed on {args.device} without its GPU: "
                               f"leave --plot out")
         check_plot_path(args.plot)  # matplotlib and the path too
@@ -125,19 +126,19 @@ def cmd_build(args) -> int:
     saved = result.save(args.out) if args.out else None
     if args.json:
         print(json.dumps(result.report))
-    elif result.report.get("device_kind") == "gpu":
+    elif "arch" in result.report:  # a target that builds offline (GpuBuildResult): its architecture, limits
         _print_gpu_build(result.report, saved)
     else:
         _print_build(result.report, saved)
     if args.plot:
-        from .plot import plot_build
+        from roller.builder.plot import plot_build
         print(f"wrote the roofline {plot_build(result, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def _parse_inputs(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     """``NAME=1x3x224x224`` items -> {name: shape}; ModelError for a malformed item."""
-    from .errors import ModelError
+    from roller.errors import ModelError
 
     out = {}
     for item in items or []:
@@ -155,8 +156,8 @@ def _parse_inputs(items: list[str] | None) -> dict[str, tuple[int, ...]]:
 
 
 def cmd_compile(args) -> int:
-    from . import frontend
-    from .output import check_out_dir
+    from roller.models import frontend
+    from roller.output import check_out_dir
 
     shapes = _parse_inputs(args.input)
     if args.out:
@@ -201,7 +202,8 @@ def _print_compile(r: dict) -> None:
 
 
 def cmd_devices(args) -> int:
-    from .device import load_device, shipped_specs
+    from roller.device.load import load_device
+    from roller.device.spec import shipped_specs
 
     names = ["host"] + list(shipped_specs())
     rows = []
@@ -242,12 +244,12 @@ def cmd_devices(args) -> int:
 
 
 def _cache_location() -> str:
-    from .cache import open_store
+    from roller.cache import open_store
     return open_store().location
 
 
 def cmd_cache_list(args) -> int:
-    from .cache import open_store
+    from roller.cache import open_store
 
     rows = [e.to_dict() for e in open_store().entries()]
     if args.json:
@@ -266,7 +268,7 @@ def cmd_cache_list(args) -> int:
 
 
 def cmd_cache_stats(args) -> int:
-    from .cache import open_store
+    from roller.cache import open_store
 
     st = open_store().stats()
     if args.json:
@@ -280,7 +282,7 @@ def cmd_cache_stats(args) -> int:
 
 
 def cmd_cache_clear(args) -> int:
-    from .cache import open_store
+    from roller.cache import open_store
 
     store = open_store()
     n = store.clear()
@@ -310,7 +312,7 @@ def cmd_cache_warm(args) -> int:
     import shlex
     from pathlib import Path
 
-    from . import api
+    from roller.builder import api
 
     try:
         lines = Path(args.file).read_text().splitlines()
@@ -356,7 +358,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def _add_kernel_args(b: argparse.ArgumentParser) -> None:
     """The arguments that say which kernel to build (roller build, and each line of roller cache warm)."""
-    from .ops import OPS, option_names
+    from roller.tir.ops import OPS, option_names
 
     b.add_argument("op", choices=sorted(OPS), help="operator")
     b.add_argument("--shape", required=True,
@@ -374,6 +376,71 @@ def _add_kernel_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--build-budget", type=float, default=BUILD_BUDGET_SECONDS, metavar="SECONDS",
                    help="seconds of compiling after which candidates not yet started are skipped "
                         f"(default {BUILD_BUDGET_SECONDS:g}; 0: build all top-k)")
+
+
+def _print_table(device, cal: dict, path) -> None:
+    from roller.device.calibration import calibration_summary
+
+    print(f"{device.name} ({device.description or device.source}), fingerprint {device.fingerprint}, "
+          f"{cal['threads']} threads, {cal['seconds']:.1f} s")
+    print(f"  {'field':<28} {'datasheet':>10} {'measured':>10}")
+    for field, ds, got in calibration_summary(device.with_calibration(cal)):
+        shown = f"{got:10.1f}" if got is not None else f"{'-':>10}"
+        print(f"  {field:<28} {ds:10.1f} {shown}")
+    for dt, v in cal["peak_gflops_one"].items():
+        print(f"  {'peak_gflops_one_alone.' + dt:<28} {'':>10} {v:10.1f}")
+    for dt, v in cal["peak_gflops_all"].items():
+        print(f"  {'peak_gflops_all_units.' + dt:<28} {'':>10} {v:10.1f}")
+    for dt, why in cal["skipped"].items():
+        print(f"  {dt}: not measured: {why}")
+    st = cal["small_transfer"]
+    rows = ", ".join(f"{r['bytes']} B {r['gbps']:.2f}" for r in st["rows"])
+    print(f"  small transfer ({st['level']}, rows {st['stride_bytes']} B apart, GB/s useful): {rows}; "
+          f"contiguous {st['contiguous_gbps']:.1f}")
+    for w in cal["warnings"]:
+        print(f"  warning: {w}")
+    print(f"  written to {path}")
+
+
+def cmd_calibrate(args) -> int:
+    """``roller calibrate``: measure, save, print a table (or one JSON object with --json)."""
+    from roller.device import load_device
+    from roller.device.calibration import save_calibration
+    from roller.measure.alone import measuring_alone
+    from roller.targets import target_of
+
+    device = load_device(args.device, calibrated=False)
+    with measuring_alone():  # the device's own microbenchmarks (a GPU spec: on that GPU; one-line error without it)
+        cal = target_of(device).calibrate(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
+        path = save_calibration(device, cal, args.out)
+    if args.json:
+        out = {"device": cal["device"], "fingerprint": cal["fingerprint"], "path": str(path),
+               "seconds": cal["seconds"], "threads": cal["threads"], "quick": cal["quick"],
+               "peak_gflops": cal["peak_gflops"], "peak_gflops_one": cal["peak_gflops_one"],
+               "peak_gflops_all": cal["peak_gflops_all"],
+               "bandwidth_gbps": {lv: m["unit"] for lv, m in cal["bandwidth_gbps"].items()},
+               "bandwidth_total_gbps": {lv: m["total"] for lv, m in cal["bandwidth_gbps"].items()},
+               "small_transfer": cal["small_transfer"], "skipped": cal["skipped"], "warnings": cal["warnings"]}
+        print(json.dumps(out))
+    else:
+        _print_table(device, cal, path)
+    return 0
+
+
+def _add_calibrate(subparsers) -> argparse.ArgumentParser:
+    """Adds ``calibrate`` to the ``roller`` command's subparsers (handler in ``func``)."""
+    p = subparsers.add_parser("calibrate", help="measure this machine's peak compute and bandwidths once",
+                              description="Measure peak GFLOP/s per dtype and the bandwidth of every memory "
+                                          "level with TVM microbenchmarks (for a GPU spec: CUDA kernels on that "
+                                          "GPU, which must be in this machine); the result replaces the "
+                                          "datasheet figures of the device from then on.")
+    p.add_argument("--device", default=None, metavar="NAME|PATH",
+                   help="'host' (default), a shipped spec name or a YAML spec describing this machine")
+    p.add_argument("--out", default=None, metavar="PATH", help="write the calibration here instead of the cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about 10 s instead of 25 s)")
+    p.set_defaults(func=cmd_calibrate)
+    return p
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -436,8 +503,7 @@ def make_parser() -> argparse.ArgumentParser:
     cw.add_argument("--json", action="store_true", help="one JSON object per kernel")
     cw.set_defaults(func=cmd_cache_warm)
 
-    from .calibrate import register_cli
-    register_cli(sub)
+    _add_calibrate(sub)
     # --debug is accepted after the subcommand too; SUPPRESS keeps a --debug given before it
     for parser in [*sub.choices.values(), *csub.choices.values()]:
         parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")

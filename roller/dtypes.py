@@ -1,5 +1,5 @@
 """Element types roller knows, and their sizes. One table so every module agrees."""
-from .errors import InvalidShapeError
+from roller.errors import InvalidShapeError
 
 DTYPE_BYTES = {
     "float64": 8,

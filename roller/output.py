@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import RollerError
+from roller.errors import RollerError
 
 
 class OutputError(RollerError):
@@ -61,7 +61,7 @@ def save_build(result, directory) -> dict[str, str]:
     lib = out / f"{stem}.so"
     src = result.library
     if src is None or not Path(src).exists():
-        from .errors import BuildError
+        from roller.errors import BuildError
         raise BuildError("no kernel library to save: the build was cleaned up; build again with --out")
     atomic_write_bytes(lib, Path(src).read_bytes())
     report = dict(result.report, program=result.program.to_dict(), library=str(lib))

@@ -8,8 +8,8 @@ moved a first plan made it faster, not just different.
 
 For each case (those named, else every suite case whose first plan differs between the two snapshots)
 both plans are built in this process and checked against numpy, then timed in turn for ``--rounds``
-rounds (``roller.timing.time_rounds``). It prints both medians, both predictions and the median of the
-rounds' old/new ratios (``roller.timing.paired_ratio``: > 1, the new plan is faster), which cancels the
+rounds (``roller.measure.timing.time_rounds``). It prints both medians, both predictions and the median of the
+rounds' old/new ratios (``roller.measure.timing.paired_ratio``: > 1, the new plan is faster), which cancels the
 machine's speed moving between rounds, as medians taken apart do not. Plans are compared whole (tiles,
 layout, padding); the snapshots' predicted and measured figures are left out of the comparison.
 """
@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     import numpy as np
 
     import roller
-    from roller import api
-    from roller.rprogram import RProgram
-    from roller.timing import paired_ratio, time_rounds
+    from roller.builder import api
+    from roller.plan.rprogram import RProgram
+    from roller.measure.timing import paired_ratio, time_rounds
 
     from benchutil import checked_plan
 

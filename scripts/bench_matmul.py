@@ -7,7 +7,7 @@ the AVX-512 one on an AVX-512 machine); roller runs with TVM_NUM_THREADS = the d
 
     python scripts/bench_matmul.py [--procs 5] [--size 1024] [--plan hand|api]
 
-``--plan api`` (the default) builds through ``roller.api.build(func, device, topk=10)``: construction
+``--plan api`` (the default) builds through ``roller.builder.api.build(func, device, topk=10)``: construction
 plus the top-10 profile, what ``roller build`` does. ``--plan hand`` builds one hand-written plan (the best
 found by hand on this machine), a reference for what the code generator can reach. The wall time of the
 whole ``roller build`` command (top-10 profiled, a fresh process) is measured once per process too.
@@ -31,25 +31,26 @@ def hand_program(expr):
     """The plan that won the hand search on a 2-core AVX-512 machine: an 8x32 register tile (16 zmm
     accumulators), L1 tile 128x32x256, L2 (per-core) tile 128x256x256, B packed per tile with 16 floats
     of row padding against cache-set conflicts."""
-    from roller.rprogram import RProgram
+    from roller.plan.rprogram import RProgram
+    from roller.plan.rtile import default_vector_axis
 
     m, n, k = (a.name for a in expr.axes)
     tiles = ({m: 8, n: 32, k: 1}, {m: 128, n: 32, k: 256}, {m: 128, n: 256, k: 256})
     return RProgram(levels=("reg", "L1", "L2"), tiles=tiles, grid={}, units=2, waves=1,
-                    vector_axis=expr.vector_axis, packed=("B",), storage_pad={"B": 16})
+                    vector_axis=default_vector_axis(expr), packed=("B",), storage_pad={"B": 16})
 
 
 def make_kernel(func, device, plan: str):
     """(callable module, description) of roller's kernel for ``func``."""
     if plan == "api":
-        from roller.api import build_op
+        from roller.builder.api import build_op
         size = int(func.params[0].shape[0])
         res = build_op("matmul", {"M": size, "N": size, "K": size}, device=device, topk=10,
                        cache=False)  # a fresh build: its time is what is reported
-        return res.module, (f"roller.api.build_op topk=10 (as roller build), construct {res.report['construct_seconds']:.3f} s, "
+        return res.module, (f"roller.builder.api.build_op topk=10 (as roller build), construct {res.report['construct_seconds']:.3f} s, "
                             f"chosen #{res.report.get('chosen')}: {res.program.describe()}")
-    from roller.analysis import analyze
-    from roller.codegen import build as codegen_build
+    from roller.tir.analysis import analyze
+    from roller.targets import build as codegen_build
     an = analyze(func)
     prog = hand_program(an.expr)
     return codegen_build(an.func, an.expr, prog, device).mod, f"hand plan: {prog.describe()}"
@@ -59,9 +60,9 @@ def child_roller(size: int, plan: str) -> dict:
     import numpy as np
     import tvm
 
-    from roller import ops
-    from roller.device import load_device
-    from roller.tvmutil import set_threads
+    from roller.tir import ops
+    from roller.device.load import load_device
+    from roller.tir.compile import set_threads
 
     device = load_device("host")
     set_threads(device.units.count)
@@ -110,7 +111,7 @@ def _run_child(kind: str, args) -> dict:
         env.pop("OPENBLAS_CORETYPE", None)
         env.pop("OPENBLAS_L2_SIZE", None)
     else:
-        from roller.host import cpu_count
+        from roller.device.host import cpu_count
         env["TVM_NUM_THREADS"] = str(cpu_count())
     out = subprocess.run([sys.executable, __file__, "--child", kind, "--size", str(args.size), "--plan", args.plan],
                          env=env, capture_output=True, text=True, check=True)

@@ -10,8 +10,8 @@ v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layer
 MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks for one new token
 over a 32-token KV cache, the small CNN and transformer block of the tests. Per model: roller's
 compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
-alternately with onnxruntime in this process after a pause each, roller.timing.time_rounds; the ratio to
-onnxruntime is the median of the rounds' ratios, roller.timing.paired_ratio),
+alternately with onnxruntime in this process after a pause each, roller.measure.timing.time_rounds; the ratio to
+onnxruntime is the median of the rounds' ratios, roller.measure.timing.paired_ratio),
 onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
 module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
 eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
@@ -32,9 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, one definition
 
-import numpy as np  # noqa: E402
 
-from roller.timing import paired_ratio, time_rounds  # noqa: E402
+from roller.measure.timing import paired_ratio, time_rounds  # noqa: E402
 
 
 def _models():
@@ -66,7 +65,7 @@ def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
     import tvm
     from tvm import relax
 
-    from roller import frontend
+    from roller.models import frontend
 
     t = time.perf_counter()
     ex = tvm.compile(frontend.import_onnx(proto, specs), target)
@@ -84,8 +83,8 @@ def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
 
 def bench(name: str, proto, args) -> dict:
     import roller
-    from roller import frontend
-    from roller.tvmutil import target_for
+    from roller.models import frontend
+    from roller.tir.compile import target_for
 
     dev = roller.load_device(args.device)
     row = {"model": name}
@@ -107,7 +106,7 @@ def bench(name: str, proto, args) -> dict:
         row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference)["matches"]
         impls.append(("roller_unpacked", cu.run_fn(feeds)))
     if args.ab_balance:  # the same plans' kernels with TVM's fixed split of the grid (in-process, uncached)
-        from roller.codegen import balance
+        from roller.targets.cpu import balance
         balance.ENABLED = False
         try:
             cs = roller.compile_model(proto, dev, name=name, cache=False)
@@ -191,7 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--ab-prepack", action="store_true",
                    help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
     p.add_argument("--ab-balance", action="store_true",
-                   help="also time roller with TVM's fixed split of each parallel grid (roller.codegen.balance off)")
+                   help="also time roller with TVM's fixed split of each parallel grid (roller.targets.cpu.balance off)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for roller and onnxruntime (default: the device's cores); with 1 the latencies are "
                         "this thread's CPU time per run, steadier on a shared machine")
@@ -202,7 +201,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in makers]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose from {', '.join(makers)}")
-    from roller.tvmutil import set_threads
+    from roller.tir.compile import set_threads
     import roller
     set_threads(args.threads or roller.load_device(args.device).units.count)
     rows = []

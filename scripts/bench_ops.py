@@ -49,11 +49,11 @@ def main(argv=None) -> int:
     import tvm
 
     import roller
-    from roller import ops
-    from roller.device import load_device
+    from roller.tir import ops
+    from roller.device.load import load_device
 
-    from roller.profile import TOLERANCE, _fill_sentinel
-    from roller.tvmutil import set_threads
+    from roller.measure.verify import TOLERANCE, fill_sentinel
+    from roller.tir.compile import set_threads
 
     device = load_device()
     set_threads(device.units.count)  # before any kernel runs; a TVM_NUM_THREADS of the user's wins
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         rtol, atol = TOLERANCE["float32"]
         dev = tvm.cpu()
         targs = [tvm.runtime.tensor(a, dev) for a in arrays]
-        targs.append(tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), dev))
+        targs.append(tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)), dev))
         res.module["main"](*targs)
         np.testing.assert_allclose(targs[-1].numpy(), ref, rtol=rtol, atol=atol, err_msg=f"roller {op}")
         found = peers(op, full, arrays, spec.output_shape(full))

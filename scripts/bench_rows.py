@@ -4,8 +4,8 @@ onnxruntime, timed alternately in one process.
     python3 scripts/bench_rows.py                 # softmax, layer norm, RMS norm at model sizes
     python3 scripts/bench_rows.py --cases softmax --rounds 7
 
-Each case is one ONNX operator (random input), imported and fused by roller.frontend like a whole model;
-its one fused PrimFunc is scheduled by roller's rule (roller.rows) and by dlight's CPU Reduction rule,
+Each case is one ONNX operator (random input), imported and fused by roller.models.frontend like a whole model;
+its one fused PrimFunc is scheduled by roller's rule (roller.plan.rows) and by dlight's CPU Reduction rule,
 both are built, checked against numpy, and timed with onnxruntime running the same operator. Prints a
 Markdown table (median microseconds; dlight / roller and ort / roller above 1: roller is faster).
 """
@@ -73,9 +73,9 @@ def model_and_reference(op: str, shape, rng):
 def bench(name: str, op: str, shape, dev, args) -> dict:
     import tvm
 
-    from roller import frontend
-    from roller.relax import DlightRule, RollerRule
-    from roller.tvmutil import target_for
+    from roller.models import frontend
+    from roller.models.relax_pass import DlightRule, RollerRule
+    from roller.tir.compile import target_for
 
     rng = np.random.default_rng(0)
     model, ref, weights = model_and_reference(op, shape, rng)
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     import roller
-    from roller.tvmutil import set_threads
+    from roller.tir.compile import set_threads
 
     dev = roller.load_device(args.device)
     set_threads(dev.units.count)

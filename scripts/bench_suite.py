@@ -22,7 +22,7 @@ a peer whose output differs from the reference is reported, not compared.
 Per case: times, ratio = best peer time / roller top-10 time (> 1: roller is faster), top-1 / top-10
 time, GFLOP/s and, for memory-bound cases (arithmetic intensity over all tensors below the device's
 balance), GB/s against the calibrated bandwidth of where the data lives between calls (the L2s, the
-shared level, or a mix of the two near the L2s' capacity: ``roller.model.source_bandwidth``). At the end
+shared level, or a mix of the two near the L2s' capacity: ``roller.plan.cost.source_bandwidth``). At the end
 a Markdown table, a CSV (``--out DIR``) and one summary line:
 cases, verified, worst ratio, geomean ratio, share >= 0.9x, median and max build seconds, top-1/top-10
 (median, and cases within 10%), memory-bound cases at >= 80% of their level's bandwidth, measured/model,
@@ -79,7 +79,7 @@ from typing import Callable  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchutil import SpeedProbe, openblas_info, peers  # noqa: E402
-from roller.timing import SETTLE_SECONDS, paired_ratio, time_rounds  # noqa: E402
+from roller.measure.timing import SETTLE_SECONDS, paired_ratio, time_rounds  # noqa: E402
 
 SUITE = Path(__file__).with_name("suite.csv")
 BUSY_LOAD = 1.0  # 1-minute load average above which the machine is not ours alone (warned in the report)
@@ -147,7 +147,7 @@ class Skip(Exception):
 
 def _spec(case: Case):
     """The OpSpec of the case with its options set; Skip when roller lacks the operator or option."""
-    from roller import ops
+    from roller.tir import ops
     from roller.errors import InvalidShapeError
 
     spec = ops.OPS.get(case.op)
@@ -219,11 +219,11 @@ def _recheck(module, arrays, out_shape, reference, tol) -> tuple[bool, object]:
     """Runs a built kernel on the benchmark's arrays; (output matches the reference, its argument list)."""
     import tvm
 
-    from roller.profile import _fill_sentinel  # NaNs: a kernel that skips part of its output cannot pass
+    from roller.measure.verify import fill_sentinel  # NaNs: a kernel that skips part of its output cannot pass
 
     dev = tvm.cpu()
     targs = [tvm.runtime.tensor(a, dev) for a in arrays]
-    targs.append(tvm.runtime.tensor(_fill_sentinel(np.empty(tuple(out_shape), reference.dtype)), dev))
+    targs.append(tvm.runtime.tensor(fill_sentinel(np.empty(tuple(out_shape), reference.dtype)), dev))
     module["main"](*targs)
     return bool(np.allclose(targs[-1].numpy(), reference, rtol=tol[0], atol=tol[1])), targs
 
@@ -237,8 +237,9 @@ def _cycling(main, placements: list) -> Callable[[], object]:
 def run_case(case: Case, device, args, probe: SpeedProbe | None = None) -> Row:
     """Builds, checks and times one case (see the module docstring)."""
     from roller.errors import RollerError
-    from roller.model import resident_share, shared_source, source_bandwidth
-    from roller.profile import TOLERANCE, placed_copies, placement_count
+    from roller.plan.cost import resident_share, shared_source, source_bandwidth
+    from roller.measure.verify import TOLERANCE
+    from roller.builder.farm import placed_copies, placement_count
 
     row = Row(case)
     try:
@@ -455,8 +456,8 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from roller.device import load_device
-    from roller.tvmutil import set_threads
+    from roller.device.load import load_device
+    from roller.tir.compile import set_threads
 
     device = load_device()
     set_threads(device.units.count)

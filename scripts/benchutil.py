@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: timing implementations alternately (roller.timing, re-exported
+"""What the benchmark scripts share: timing implementations alternately (roller.measure.timing, re-exported
 here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of
 roller's named operators, and which OpenBLAS kernel numpy runs.
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 
-from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
+from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
 
 def last_cache_bytes() -> int:
     """Bytes of this machine's last-level cache as Linux reports it (0 where it does not). Not the device
@@ -35,7 +35,7 @@ def last_cache_bytes() -> int:
 
 class SpeedProbe:
     """How fast the machine runs now against its calibration: the calibration's own peak kernel
-    (``microbench.kernels.peak_kernel``, float32, every unit, ~1 ms a call) timed a few times, its median
+    (``roller.targets.cpu.microbench.kernels.peak_kernel``, float32, every unit, ~1 ms a call) timed a few times, its median
     rate over the device's calibrated float32 peak. On a shared VM whose speed moves by up to 3.5x between
     minutes, a run's measured/model figures mean little without it: the model is calibrated in one phase
     and timed in another. It reports; nothing is scaled by it."""
@@ -43,9 +43,9 @@ class SpeedProbe:
     def __init__(self, device, calls: int = 5):
         import tvm
 
-        from microbench.kernels import peak_flops, peak_inputs, peak_kernel, peak_reference
-        from microbench.plan import peak_tile
-        from roller.tvmutil import target_for
+        from roller.targets.cpu.microbench.kernels import peak_flops, peak_inputs, peak_kernel, peak_reference
+        from roller.targets.cpu.microbench.plan import peak_tile
+        from roller.tir.compile import target_for
 
         tile = peak_tile(device, "float32")
         units, lanes, mr, nv, k = device.units.count, tile["lanes"], tile["mr"], tile["nv"], tile["k"]
@@ -102,9 +102,9 @@ def checked_plan(func, expr, program, device, arrays: Sequence[np.ndarray], refe
     starts as NaN: a kernel that skips part of it fails); AssertionError naming ``label`` otherwise."""
     import tvm
 
-    from roller.codegen import build
-    from roller.prepack import program_layouts
-    from roller.profile import TOLERANCE
+    from roller.targets import build
+    from roller.plan.prepack import program_layouts
+    from roller.measure.verify import TOLERANCE
 
     kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
     layouts = program_layouts(expr, program, device)

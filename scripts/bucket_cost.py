@@ -45,9 +45,9 @@ def run(args) -> int:
     import tvm
 
     from benchutil import dynamic_linear
-    from roller.dynamic import BucketPolicy, specialize
-    from roller.jit import JIT
-    from roller.timing import time_alternately
+    from roller.serve.buckets import BucketPolicy, specialize
+    from roller.serve.jit import JIT
+    from roller.measure.timing import time_alternately
 
     func = dynamic_linear(args.k, args.n)
     policy = BucketPolicy(args.epsilon, args.align)

@@ -43,7 +43,7 @@ def run_redis(args, root: str) -> int:
     import itertools
 
     import roller
-    from roller.cache_redis import start_local_server
+    from roller.cache.redis_store import start_local_server
 
     server, url = start_local_server(root)
     try:
@@ -66,7 +66,7 @@ def run_redis(args, root: str) -> int:
 def first_build(args):
     """(operator spec, shape, device, PrimFunc, the first build: a miss) of the kernel to time."""
     import roller
-    from roller import ops
+    from roller.tir import ops
 
     spec = ops.get_op(args.op)
     shape = ops.parse_shape(spec, args.shape, "float32")

@@ -17,7 +17,7 @@ nearest compute first) or ``FIELD=NAME+NAME`` for ``padded``, ``predicated``, ``
 model's prediction for the plan as edited (its tiles, vector axis, padded axes and inlined stages; the model
 derives packing from the tiles itself, so an edited ``packed`` field is not reflected in it).
 
-In a whole model the weights are constants, stored packed in the plan's tiles (``roller.prepack``), and
+In a whole model the weights are constants, stored packed in the plan's tiles (``roller.plan.prepack``), and
 other work between calls pushes them out of the caches. ``--constants W`` plans and builds as for a model
 whose input ``W`` is a constant (the kernel takes it prepacked; the model charges no copy), and ``--cold``
 times single calls each after a write of twice the last cache has flushed the caches, the weights then
@@ -76,10 +76,10 @@ def main() -> None:
 
     import numpy as np
     import roller
-    from roller import ops
-    from roller.api import analyze
-    from roller.model import estimate
-    from roller.construct import construct
+    from roller.tir import ops
+    from roller.builder.api import analyze
+    from roller.plan.cost import estimate
+    from roller.targets import construct
 
     from bench_suite import _pairs
     from benchutil import ColdTimer, checked_plan, peers

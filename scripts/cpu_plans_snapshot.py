@@ -1,4 +1,4 @@
-"""Dumps roller.construct's top-10 plans (RProgram.to_dict) for every case of suite.csv on a CPU device, or
+"""Dumps roller.plan.construct's top-10 plans (RProgram.to_dict) for every case of suite.csv on a CPU device, or
 checks that a dump made earlier is byte-identical: the guard that a policy change left the CPU's plans alone.
 
     python3 scripts/cpu_plans_snapshot.py --write /tmp/cpu_plans.json     # before the change
@@ -18,7 +18,8 @@ from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same fold
 
 
 def dump(device_name: str) -> str:
-    from roller import api, load_device
+    from roller.builder import api
+    from roller import load_device
 
     device = load_device(device_name)
     out = {}

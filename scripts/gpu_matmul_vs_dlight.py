@@ -32,13 +32,14 @@ def main(argv=None) -> int:
     import tvm
     import tvm.s_tir.dlight as dl
 
-    from roller import cudatools, gpu_construct, ops
-    from roller.api import analyze
-    from roller.codegen.cuda import CudaBuild
-    from roller.codegen.launch import kernel_launches, lower
-    from roller.device import load_device
-    from roller.gpu_build import build_gpu
-    from roller.tvmutil import target_for
+    from roller.targets.cuda import toolchain as cudatools, construct as gpu_construct
+    from roller.tir import ops
+    from roller.builder.api import analyze
+    from roller.targets.cuda.schedule import CudaBuild
+    from roller.targets.cuda.launch import kernel_launches, lower
+    from roller.device.load import load_device
+    from roller.targets.cuda.build import build_gpu
+    from roller.tir.compile import target_for
 
     reason = cudatools.missing()
     if reason:

@@ -4,7 +4,7 @@ with that NVIDIA GPU, the measured time of the top-k plans (checked against nump
     python3 scripts/gpu_suite.py                        # a100 spec; --device h100, --cases REGEX, --topk 3
 
 Without a GPU it says so, prints the predictions only (nothing is measured) and exits 0. The measuring path
-is roller.gpu_profile on TVM's CUDA runtime (the code the tests drive on the OpenCL twin); it has not been
+is roller.targets.cuda.profile on TVM's CUDA runtime (the code the tests drive on the OpenCL twin); it has not been
 run on a GPU yet (none was reachable where it was written).
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ from bench_suite import SUITE, Skip, _spec, load_cases  # noqa: E402  (same fold
 
 
 def _measure(func, expr, programs, device, runtime, inputs, reference):
-    """(seconds, index) of the fastest plan whose output matches ``reference`` on the GPU (roller.gpu_profile:
+    """(seconds, index) of the fastest plan whose output matches ``reference`` on the GPU (roller.targets.cuda.profile:
     the CPU profiling's checks and alternated timing), or (None, None)."""
-    from roller.codegen.cuda import schedule_cuda
-    from roller.gpu_profile import profile_gpu
+    from roller.targets.cuda.schedule import schedule_cuda
+    from roller.targets.cuda.profile import profile_gpu
 
     modules = {i: schedule_cuda(func, expr, p, device).mod for i, p in enumerate(programs)}
     timings = profile_gpu(modules, runtime, [str(p.name) for p in func.params], inputs, reference)
@@ -43,15 +43,15 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=3, help="plans built and timed per case on a GPU (default 3)")
     args = ap.parse_args(argv)
 
-    from roller.api import analyze
-    from roller.construct import construct
-    from roller.device import load_device
+    from roller.builder.api import analyze
+    from roller.targets import construct
+    from roller.device.load import load_device
 
     device = load_device(args.device)
     if device.kind != "gpu":
         print(f"{args.device} is not a GPU spec", file=sys.stderr)
         return 2
-    from roller.gpu_build import default_runtime
+    from roller.targets.cuda.build import default_runtime
 
     runtime = default_runtime(device)
     present = runtime is not None

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 
 from bench_models import _models  # noqa: E402
 from benchutil import ColdTimer  # noqa: E402
-from roller.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: E402
+from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: E402
 
 # Anchor kinds: roller's fused-function names start with TVM's operator name, ONNX nodes have op types
 # (onnxruntime's fused ones included).
@@ -104,8 +104,8 @@ def roller_functions(cm) -> tuple[list[dict], list]:
     no-argument callable per function running it alone on random arguments of its shapes."""
     import tvm
 
-    from roller.frontend import random_arrays
-    from roller.relax import call_counts
+    from roller.models.frontend import random_arrays
+    from roller.models.relax_pass import call_counts
 
     counts = call_counts(cm.module)
     lib = cm.executable.mod.imports[0]
@@ -174,7 +174,7 @@ class OrtProfile:
     def __init__(self, proto, threads: int):
         import onnxruntime as ort
 
-        from roller.frontend import onnx_inputs, random_arrays
+        from roller.models.frontend import onnx_inputs, random_arrays
 
         self.proto = _named(proto)
         opts = ort.SessionOptions()
@@ -274,8 +274,8 @@ def in_model_us(cm, feeds, runs: int, clock) -> tuple[dict[str, float], float]:
 def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None, threads: int | None = None,
               cold: bool = False) -> dict:
     import roller
-    from roller import frontend
-    from roller.tvmutil import set_threads
+    from roller.models import frontend
+    from roller.tir.compile import set_threads
 
     dev = roller.load_device(device)
     threads = threads or dev.units.count
@@ -292,7 +292,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     cold_timer = ColdTimer(time.thread_time if one else time.perf_counter) if cold else None
     cold_times: list[list[float]] = [[] for _ in funcs]
     for r in range(rounds):  # roller's functions and onnxruntime's profiled runs alternate
-        time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.timing)
+        time.sleep(SETTLE_SECONDS)  # each after the other's thread pool went idle (roller.measure.timing)
         for t, c, call in zip(times, cold_times, calls):
             t.append(cpu_seconds(call, target) if one else median_seconds(call, target, repeats=1))
             if cold_timer is not None:  # the same function on caches that hold none of its operands

@@ -3,10 +3,10 @@
 For each shape (compute-bound GEMMs and convolutions, and irregular / memory-bound ones: odd channel
 counts, a strided convolution, a matrix-vector product, row sums, an elementwise op), the candidates are
 the constructor's top-K plus random valid plans (aligned, nested, fitting every level:
-``roller.construct.sample_programs``), so that good and bad kernels are both present. Every candidate is
-built in worker processes and checked against numpy (``roller.profile.profile`` without timing); the
+``roller.plan.construct.sample_programs``), so that good and bad kernels are both present. Every candidate is
+built in worker processes and checked against numpy (``roller.builder.farm.profile`` without timing); the
 verified ones are built again here and every one of them is timed the same way: ``--rounds`` rounds
-over all candidates in turn, each a median of ``roller.profile.REPEATS`` repeats, on the same buffers,
+over all candidates in turn, each a median of ``roller.builder.farm.REPEATS`` repeats, on the same buffers,
 and the median over rounds is the candidate's time. Printed per shape and pooled: Spearman's rank
 correlation between predicted and measured time, and how far the model's first choice is from the
 measured best. The model's first choice is taken among *all* candidates (the model's own order:
@@ -85,15 +85,15 @@ def fresh_output(ref: np.ndarray):
     element a kernel does not write fails the check."""
     import tvm
 
-    from roller.profile import _fill_sentinel
+    from roller.measure.verify import fill_sentinel
 
-    return tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), tvm.cpu())
+    return tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)), tvm.cpu())
 
 
 def check(mod, args, ref: np.ndarray) -> None:
-    from roller.profile import TOLERANCE, _fill_sentinel
+    from roller.measure.verify import TOLERANCE, fill_sentinel
 
-    args[-1].copyfrom(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+    args[-1].copyfrom(fill_sentinel(np.empty(ref.shape, ref.dtype)))
     mod["main"](*args)
     rtol, atol = TOLERANCE.get(str(ref.dtype), (0.0, 0.0))
     np.testing.assert_allclose(args[-1].numpy(), ref, rtol=rtol, atol=atol)
@@ -104,7 +104,8 @@ def time_all(mods: dict, args, rounds: int) -> dict[int, float]:
     turn (so drift hits all alike), each a median of REPEATS repeats; the median over rounds."""
     import tvm
 
-    from roller.profile import REPEATS, _time
+    from roller.measure.finalists import REPEATS
+    from roller.builder.farm import _time
 
     dev = tvm.cpu()
     times: dict[int, list[float]] = {i: [] for i in mods}
@@ -125,13 +126,14 @@ def confirm(first, best, args, ref, rounds: int = ROUNDS) -> float:
 def study(op: str, shape: dict, device, samples: int, topk: int, rounds: int) -> dict:
     import tvm
 
-    from roller import ops
-    from roller.api import analyze
-    from roller.codegen import build
-    from roller.construct import construct, sample_programs
+    from roller.tir import ops
+    from roller.builder.api import analyze
+    from roller.targets import build
+    from roller.targets import construct
+    from roller.plan.construct import sample_programs
     from roller.errors import BuildError
-    from roller.model import rank
-    from roller.profile import profile
+    from roller.plan.cost import rank
+    from roller.builder.farm import profile
 
     spec = ops.OPS[op]
     full = ops.validate_shape(op, shape, "float32")
@@ -214,8 +216,8 @@ def main(argv=None) -> int:
         return 2
     samples = args.samples if args.samples is not None else (QUICK_SAMPLES if args.quick else 30)
 
-    from roller.device import load_device
-    from roller.tvmutil import set_threads
+    from roller.device.load import load_device
+    from roller.tir.compile import set_threads
 
     device = load_device(args.device)
     set_threads(device.units.count)

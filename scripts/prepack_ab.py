@@ -1,4 +1,4 @@
-"""Constant weights packed once (roller.prepack) against packed at every call, on one thread, per function.
+"""Constant weights packed once (roller.plan.prepack) against packed at every call, on one thread, per function.
 
     PYTHONPATH=$PWD:/path/to/torch python3 scripts/prepack_ab.py --model resnet50
 
@@ -9,7 +9,7 @@ its arguments in the caches ("hot") and after a write of twice the last cache fl
 weight read from memory, as in a whole model too large for the caches), and the whole model. Medians of
 ``--rounds``.
 With ``--prefetch`` both builds prepack, and they differ in the prefetch of each prepacked weight's next
-top-tile block (``roller.codegen.prefetch``): with it / without it.
+top-tile block (``roller.targets.cpu.prefetch``): with it / without it.
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prefetch", action="store_true",
                    help="compare prepacked kernels with and without the prefetch of the next top tile's weights "
-                        "(roller.codegen.prefetch) instead")
+                        "(roller.targets.cpu.prefetch) instead")
     args = p.parse_args(argv)
     import roller
-    from roller.codegen import prefetch
+    from roller.targets.cpu import prefetch
 
     dev = roller.load_device()
     proto = _models()[args.model]()

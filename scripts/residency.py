@@ -1,5 +1,5 @@
 """How much of an operator's data the cores' private caches still hold at its next call, against its size:
-the measurement behind ``roller.model.RESIDENT_FULL`` / ``RESIDENT_NONE``.
+the measurement behind ``roller.plan.cost.RESIDENT_FULL`` / ``RESIDENT_NONE``.
 
     PYTHONPATH=$PWD python3 scripts/residency.py --op add_relu --n 3001 --rows 40,60,80,100,120,140,180
     PYTHONPATH=$PWD python3 scripts/residency.py --op reduce_sum --n 3001 --rows 110,230,300,340,400,560
@@ -28,10 +28,10 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from roller import ops
-    from roller.api import build_op
-    from roller.model import launch_seconds, private_fill, resident_share, shared_source, tensor_bytes
-    from roller.timing import time_alternately
+    from roller.tir import ops
+    from roller.builder.api import build_op
+    from roller.plan.cost import launch_seconds, private_fill, resident_share, shared_source, tensor_bytes
+    from roller.measure.timing import time_alternately
 
     dev = tvm.cpu()
     impls, built = [], {}

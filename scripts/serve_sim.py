@@ -1,5 +1,5 @@
 """A simulated inference server: N processes serve a stream of requests whose sequence length varies over
-1..--max-seq, through roller.jit with one shared kernel cache, all starting at the same moment.
+1..--max-seq, through roller.serve.jit with one shared kernel cache, all starting at the same moment.
 
 Each process holds a JIT and one dynamic linear layer ([seq, K] x [K, N], seq symbolic, bucketed); each
 request draws a length, runs the layer on fresh data (end to end: numpy in, numpy out), checks the
@@ -38,7 +38,7 @@ def worker(args) -> int:
     import tvm
 
     from benchutil import dynamic_linear
-    from roller.jit import JIT
+    from roller.serve.jit import JIT
     setup.update(import_seconds=time.perf_counter() - t, import_cpu=time.process_time() - c)
 
     t, c = time.perf_counter(), time.process_time()
@@ -103,7 +103,7 @@ def main() -> int:
     env = dict(os.environ, ROLLER_BUILD_LOG=log)
     server = None
     if args.redis:
-        from roller.cache_redis import start_local_server
+        from roller.cache.redis_store import start_local_server
         server, url = start_local_server(root)
         env["ROLLER_CACHE"] = url
     else:

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from roller import cudatools
-from roller.codegen import opencl
+from roller.targets.cuda import toolchain as cudatools
+from roller.targets.cuda import opencl
 
 GPUS = ("v100", "a100", "h100", "rtx4090")  # the shipped GPU specs
 

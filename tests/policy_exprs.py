@@ -1,6 +1,6 @@
 """Hand-written Exprs and synthetic devices for the policy tests (no TVM)."""
-from roller.device import device_from_dict
-from roller.expr import REDUCE, SPATIAL, Axis, Expr, TensorAccess
+from roller.device.spec import device_from_dict
+from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr, TensorAccess
 
 
 def acc(name, shape, *dims, dtype="float32"):

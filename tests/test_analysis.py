@@ -1,15 +1,16 @@
-"""roller.analysis: PrimFunc -> Expr (axes, affine accesses, flops), normalization, unsupported cases."""
+"""roller.tir.analysis: PrimFunc -> Expr (axes, affine accesses, flops), normalization, unsupported cases."""
 import numpy as np
 import pytest
 
 import tvm
 from tvm import te, tirx
 
-from roller import ops
-from roller.analysis import Analysis, analyze
+from roller.tir import ops
+from roller.tir.analysis import Analysis, analyze
 from roller.errors import UnsupportedExpressionError
-from roller.expr import REDUCE, SPATIAL, fuse_axes
-from roller.profile import _fill_sentinel
+from roller.plan.expr import REDUCE, SPATIAL, fuse_axes
+from roller.measure.verify import fill_sentinel
+from roller.plan.rtile import default_vector_axis
 
 
 def axes_of(expr):
@@ -24,7 +25,7 @@ def run(func, arrays, out_shape, out_dtype="float32"):
     """Builds ``func`` unscheduled and runs it on ``arrays``."""
     ex = tvm.compile(func, "llvm")
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(out_shape, out_dtype)), dev)
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(out_shape, out_dtype)), dev)
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy()
 
@@ -44,7 +45,7 @@ def test_matmul(M, N, K):
     assert e.flops_per_point == 2 and e.flops == ops.OPS["matmul"].flops({"M": M, "N": N, "K": K})
     assert e.block == "C" and e.epilogue == () and a.epilogue_block is None and a.accumulator == "C"
     # the default vector axis: n (k would gather from B, which no transposed copy fixes for a reduction)
-    assert e.vector_axis == "n"
+    assert default_vector_axis(e) == "n"
     assert a.iter_vars == (("m", "v_m"), ("n", "v_n"), ("k", "v_k"))
 
 

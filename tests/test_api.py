@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import roller
-from roller import ops
+from roller.tir import ops
 from roller.errors import InvalidShapeError, UnsupportedExpressionError
-from roller.profile import _fill_sentinel
+from roller.measure.verify import fill_sentinel
 
 CASES = [
     ("matmul", {"M": 1, "N": 1, "K": 1}),
@@ -21,7 +21,7 @@ CASES = [
 def run_module(module, arrays, out_shape, dtype):
     import tvm
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [tvm.runtime.tensor(_fill_sentinel(np.empty(out_shape, dtype)), dev)]
+    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [tvm.runtime.tensor(fill_sentinel(np.empty(out_shape, dtype)), dev)]
     module["main"](*args)
     return args[-1].numpy()
 

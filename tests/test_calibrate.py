@@ -1,19 +1,21 @@
-"""roller.calibrate: the cache file (atomic, locked, validated), loading into devices, the command."""
+"""roller.targets.cpu.calibrate: the cache file (atomic, locked, validated), loading into devices, the command."""
 import json
 import multiprocessing
 import warnings
 
 import pytest
 
-from roller import calibrate as C
-from roller.device import load_device
+from roller import cli, userdirs
+from roller.device import calibration as store
+from roller.targets.cpu import calibrate as C
+from roller.device.load import load_device
 from roller.errors import CalibrationError
 
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
     """Every test gets its own cache dir: the user's cache is never touched."""
-    monkeypatch.setenv(C.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(userdirs.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -23,26 +25,26 @@ def spec():
 
 
 def fake_calibration(dev, scale=1.0):
-    return {"schema": C.SCHEMA, "device": dev.name, "fingerprint": dev.fingerprint,
+    return {"schema": store.SCHEMA, "device": dev.name, "fingerprint": dev.fingerprint,
             "peak_gflops": {"float32": 200.0 * scale},
             "bandwidth_gbps": {"L1": {"unit": 300.0 * scale, "total": 600.0 * scale},
                                "DRAM": {"unit": 9.0 * scale, "total": 12.0 * scale}},
-            "datasheet": C._figures(dev), "pad": "x" * 20000}
+            "datasheet": store.figures(dev), "pad": "x" * 20000}
 
 
 def test_path_is_keyed_by_name_and_fingerprint(spec, cache):
-    p = C.calibration_path(spec)
+    p = store.calibration_path(spec)
     assert p == cache / "calibration" / f"x86-avx512-{spec.fingerprint}.json"
 
 
 def test_saved_calibration_replaces_datasheet_figures(spec):
-    path = C.save_calibration(spec, fake_calibration(spec))
+    path = store.save_calibration(spec, fake_calibration(spec))
     assert path.exists() and not list(path.parent.glob("*.tmp"))
     dev = load_device("x86-avx512", calibrated=True)
     assert dev.calibrated and dev.units.peak("float32") == 200.0
     assert dev.level("L1").bandwidth_gbps == 300.0 and dev.level("L1").total_bandwidth_gbps == 600.0
     assert dev.level("L2").bandwidth_gbps == spec.level("L2").bandwidth_gbps  # not measured: datasheet
-    rows = {f: (ds, got) for f, ds, got in C.calibration_summary(dev)}
+    rows = {f: (ds, got) for f, ds, got in store.calibration_summary(dev)}
     assert rows["peak_gflops.float32"] == (spec.units.peak("float32"), 200.0)
     assert rows["bandwidth_gbps.L2.unit"] == (spec.level("L2").bandwidth_gbps, None)
     assert rows["peak_gflops.float64"][1] is None
@@ -53,7 +55,7 @@ def test_empty_cache_gives_datasheet_device_without_warning(spec, cache):
         warnings.simplefilter("error")
         dev = load_device("x86-avx512", calibrated=True)
     assert not dev.calibrated and dev == spec and not cache.exists()
-    assert all(got is None for _, _, got in C.calibration_summary(dev))
+    assert all(got is None for _, _, got in store.calibration_summary(dev))
 
 
 def _truncated(dev):
@@ -77,39 +79,39 @@ BAD_FILES = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_bad_cache_file_warns_and_falls_back(spec, case):
-    path = C.calibration_path(spec)
+    path = store.calibration_path(spec)
     path.parent.mkdir(parents=True)
     data = BAD_FILES[case](spec)
     path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    with pytest.warns(C.CalibrationWarning) as rec:
-        assert C.load_calibration(spec) is None
+    with pytest.warns(store.CalibrationWarning) as rec:
+        assert store.load_calibration(spec) is None
     assert len(rec) == 1
     msg = str(rec[0].message)
     assert str(path) in msg and "roller calibrate" in msg
-    with pytest.warns(C.CalibrationWarning):
+    with pytest.warns(store.CalibrationWarning):
         dev = load_device("x86-avx512", calibrated=True)
     assert not dev.calibrated and dev.units.peak("float32") == spec.units.peak("float32")
     # Recalibrating over the bad file repairs it.
-    C.save_calibration(spec, fake_calibration(spec))
-    assert C.load_calibration(spec)["peak_gflops"] == {"float32": 200.0}
+    store.save_calibration(spec, fake_calibration(spec))
+    assert store.load_calibration(spec)["peak_gflops"] == {"float32": 200.0}
 
 
 def test_save_refuses_bad_data_and_unwritable_places(spec, tmp_path):
     with pytest.raises(CalibrationError, match="peak_gflops"):
-        C.save_calibration(spec, {"schema": C.SCHEMA, "peak_gflops": {}, "bandwidth_gbps": {}})
+        store.save_calibration(spec, {"schema": store.SCHEMA, "peak_gflops": {}, "bandwidth_gbps": {}})
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(CalibrationError, match="cannot write"):
-        C.save_calibration(spec, fake_calibration(spec), blocker / "sub" / "cal.json")
+        store.save_calibration(spec, fake_calibration(spec), blocker / "sub" / "cal.json")
 
 
 def _writer(args):
     cache_dir, seed = args
     import os
-    os.environ[C.CACHE_ENV] = cache_dir
+    os.environ[userdirs.CACHE_ENV] = cache_dir
     dev = load_device("x86-avx512", calibrated=False)
     for i in range(15):
-        C.save_calibration(dev, fake_calibration(dev, scale=1 + seed + i / 100))
+        store.save_calibration(dev, fake_calibration(dev, scale=1 + seed + i / 100))
     return seed
 
 
@@ -117,9 +119,9 @@ def test_concurrent_writers_leave_a_valid_file(spec, cache):
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(6) as pool:
         assert sorted(pool.map(_writer, [(str(cache), s) for s in range(6)])) == list(range(6))
-    path = C.calibration_path(spec)
+    path = store.calibration_path(spec)
     data = json.loads(path.read_text())
-    assert C.validate_calibration(data, spec) is None
+    assert store.validate_calibration(data, spec) is None
     scale = data["peak_gflops"]["float32"] / 200.0
     assert data["bandwidth_gbps"]["L1"]["unit"] == pytest.approx(300.0 * scale)  # one writer's whole file
     assert not list(path.parent.glob("*.tmp"))
@@ -131,7 +133,7 @@ def _calibrator(args):
     import os
     import time
     cache_dir, = args
-    os.environ[C.CACHE_ENV] = cache_dir
+    os.environ[userdirs.CACHE_ENV] = cache_dir
     span = []
 
     def measure(dev, quick=False, progress=True):
@@ -141,8 +143,8 @@ def _calibrator(args):
         return fake_calibration(dev)
 
     C.run_calibration = measure
-    C._print_table = lambda *a: None
-    C.cmd_calibrate(argparse.Namespace(device="x86-avx512", quick=True, json=False, out=None))
+    cli._print_table = lambda *a: None
+    cli.cmd_calibrate(argparse.Namespace(device="x86-avx512", quick=True, json=False, out=None))
     return tuple(span)
 
 
@@ -168,7 +170,7 @@ def test_sanity_warnings_name_the_odd_figures(spec):
 
 
 def test_cli_errors_are_one_line(capsys):
-    assert C.main(["--device", "no-such-device", "--quick"]) == 2
+    assert cli.main(["calibrate", "--device", "no-such-device", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown device 'no-such-device'" in err[0]
 
@@ -188,10 +190,10 @@ def test_quick_calibration_json(tmp_path, capsys):
     assert "bfloat16" in res["skipped"]
     saved = json.loads(out.read_text())
     host = load_device("host", calibrated=False)
-    assert C.validate_calibration(saved, host) is None
+    assert store.validate_calibration(saved, host) is None
     assert saved["fingerprint"] == host.fingerprint and saved["tvm_version"] and saved["created"]
     assert {"one", "all"} == set(saved["sweep"]) and saved["small_transfer"]["rows"]
-    assert not C.calibration_path(host).exists()  # --out: the cache is left alone
+    assert not store.calibration_path(host).exists()  # --out: the cache is left alone
     dev = host.with_calibration(saved)
     assert dev.units.peak("float32") == res["peak_gflops"]["float32"]
 

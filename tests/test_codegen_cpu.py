@@ -1,4 +1,4 @@
-"""CPU code generation: every kernel built here is checked against the numpy reference of roller.ops.
+"""CPU code generation: every kernel built here is checked against the numpy reference of roller.tir.ops.
 
 RPrograms are hand-written (not constructed) so these tests pin the codegen contract, independent of the
 policy: fused axes, tiles that overhang or exceed the extents, packed and unpacked inputs, padding stages.
@@ -9,15 +9,16 @@ import math
 import numpy as np
 import pytest
 
-from roller import ops
-from roller.analysis import analyze
-from roller.codegen import build, schedule
-from roller.codegen.cpu import clamp_tiles
-from roller.device import load_device
+from roller.tir import ops
+from roller.tir.analysis import analyze
+from roller.targets import build, schedule
+from roller.targets.cpu.schedule import clamp_tiles
+from roller.device.load import load_device
 from roller.errors import BuildError
-from roller.expr import fuse_axes
-from roller.profile import _fill_sentinel
-from roller.rprogram import RProgram
+from roller.plan.expr import fuse_axes
+from roller.measure.verify import fill_sentinel
+from roller.plan.rprogram import RProgram
+from roller.plan.rtile import default_vector_axis
 
 LEVELS = ("reg", "L1", "L2")
 
@@ -31,7 +32,7 @@ def program(expr, reg, l1, l2, packed=(), pad=None, units=2):
     """An RProgram whose tiles are given as tuples in the Expr's axis order."""
     names = [a.name for a in expr.axes]
     tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
-    return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=units, waves=1, vector_axis=expr.vector_axis,
+    return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=units, waves=1, vector_axis=default_vector_axis(expr),
                     packed=tuple(packed), storage_pad=dict(pad or {}))
 
 
@@ -52,7 +53,7 @@ def check(op, shape, device, prog_fn, fuse=False):
     ins = spec.inputs(shape)
     ref = spec.reference(ins, shape)
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), dev)  # unwritten elements fail
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)), dev)  # unwritten elements fail
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in ins], out)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
     return expr, prog
@@ -171,8 +172,8 @@ def test_elementwise_and_reduction_are_parallel_and_vectorized(device):
 
 def constructed(op, shape, device, topk, dtype="float32"):
     """(spec, normalized func, fused Expr, top-``topk`` plans) as ``roller build`` gets them."""
-    from roller.api import analyze as api_analyze
-    from roller.construct import construct
+    from roller.builder.api import analyze as api_analyze
+    from roller.targets import construct
 
     spec = ops.OPS[op]
     expr, func = api_analyze(spec.make(shape, dtype))
@@ -182,14 +183,14 @@ def constructed(op, shape, device, topk, dtype="float32"):
 def run_against_numpy(spec, func, expr, prog, device, shape, dtype="float32"):
     """Builds one plan, runs it on the spec's inputs and checks it at the profiler's tolerances."""
     import tvm
-    from roller.profile import TOLERANCE
+    from roller.measure.verify import TOLERANCE
 
     ex = build(func, expr, prog, device)
     ins = spec.inputs(shape, dtype)
     ref = spec.reference(ins, shape)
     out_dtype = spec.out_dtype(dtype)
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, out_dtype)), dev)  # unwritten elements fail
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, out_dtype)), dev)  # unwritten elements fail
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in ins], out)
     rtol, atol = TOLERANCE.get(out_dtype, (0.0, 0.0))
     np.testing.assert_allclose(out.numpy(), ref.astype(out_dtype), rtol=rtol, atol=atol,
@@ -243,7 +244,7 @@ def test_row_sum_partial_sums_are_vectors(device, shape):
 def test_reduce_vector_axis_narrower_than_a_vector_stays_scalar(device):
     """A reg tile of 4 along the reduce vector axis cannot fill a vector: no rfactor, the scalar path."""
     _, func, expr = analysed("reduce_sum", dict(M=64, N=256))
-    assert expr.vector_axis == "n"
+    assert default_vector_axis(expr) == "n"
     text = schedule(func, expr, program(expr, (16, 4), (32, 64), (32, 256)), device).mod.script()
     assert "B_rf" not in text and "B_global" in text
 
@@ -276,7 +277,7 @@ def test_accumulator_buffer_is_the_tile_the_policy_names(device, op, shape, tile
     pack nothing and have no padding stage: the accumulator is the only buffer)."""
     import re
 
-    from roller.tails import STACK_ARRAY_BYTES, accumulator_tile
+    from roller.plan.tails import STACK_ARRAY_BYTES, accumulator_tile
     spec, func, expr = analysed(op, shape)
     prog = program(expr, *tiles)
     acc = accumulator_tile(expr, prog.tiles, prog.vector_axis, 16)
@@ -291,7 +292,7 @@ def test_cpu_builds_turn_off_tir_cse_and_keep_the_callers_options():
     own PassContext stays as set, and a non-CPU target gets the caller's context unchanged."""
     import tvm
 
-    from roller.tvmutil import GPU_ONLY_PASSES, pass_context
+    from roller.tir.compile import GPU_ONLY_PASSES, pass_context
 
     cpu = tvm.target.Target("llvm")
     assert dict(pass_context(cpu).config)["tirx.disable_cse_tir"]
@@ -315,7 +316,7 @@ def test_register_tile_rows_are_addressed_without_vector_index_arithmetic(device
     import re
 
     import tvm
-    from roller.tvmutil import target_for
+    from roller.tir.compile import target_for
 
     shape = dict(N=1, H=112, W=112, C=32, R=3, S=3, pad=1)
     spec, func, expr = analysed("depthwise_conv2d", shape)
@@ -334,7 +335,7 @@ def test_register_tile_rows_are_addressed_without_vector_index_arithmetic(device
 @pytest.mark.build
 def test_window_reduce_loop_stays_rolled_where_unrolling_would_spill(device):
     """A stem-like conv (stride 2, 7x7, register tile w16 x k16 x s7) keeps its s loop rolled
-    (roller.tails.rolled_reduce_axes) and matches numpy; the register loops over w stay unrolled."""
+    (roller.plan.tails.rolled_reduce_axes) and matches numpy; the register loops over w stay unrolled."""
     shape = dict(N=1, H=40, W=40, C=3, K=16, R=7, S=7, stride=2, pad=3)
     tiles = ((1, 1, 16, 16, 1, 7, 1), (1, 1, 16, 16, 1, 7, 3), (1, 4, 16, 16, 7, 7, 3))
     expr, prog = check("conv2d", shape, device, lambda e: program(e, *tiles))
@@ -351,8 +352,8 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
     """Construction offers both ways to run a padding stage; the model charges the copy to the staged plan
     and a bounds check per load to the inlined one, so a memory-bound stride-2 depthwise conv reads in
     place while a compute-bound 3x3 conv keeps its copy (both measured so, see model.INLINE_CHECK_CYCLES)."""
-    from roller.model import estimate
-    from roller.tails import copy_bytes, inline_options
+    from roller.plan.cost import estimate
+    from roller.plan.tails import copy_bytes, inline_options
 
     dw_spec, _, dw, dw_progs = constructed("depthwise_conv2d", dict(N=1, H=112, W=112, C=96, R=3, S=3, stride=2,
                                                                      pad=1), device, topk=3)
@@ -381,9 +382,9 @@ def test_a_multi_vector_register_tile_over_a_predicated_axis_reads_its_window_in
     a register tile of several vectors may inline the padding stage: its whole vectors and the split-off
     partial one each keep one bounds check per window row. Where it cannot, the stage stays a copy (the
     partial vector left inside the unrolled tile would load lane by lane)."""
-    from roller.api import analyze as api_analyze
-    from roller.construct import construct
-    from roller.tails import inline_options, vector_tail_split
+    from roller.builder.api import analyze as api_analyze
+    from roller.targets import construct
+    from roller.plan.tails import inline_options, vector_tail_split
     shape = dict(N=1, H=9, W=11, C=42, R=3, S=3, pad=1)
     spec = ops.OPS["pool2d"].with_options(kind="avg")
     expr, func = api_analyze(spec.make(shape))
@@ -428,8 +429,8 @@ def test_a_tile_wider_than_a_short_vector_axis_runs_whole_vectors(device):
     """A register tile of 48 channels over 36 (the whole axis, not a whole number of vectors) and its
     write-back run 16-lane vectors, the last one predicated: vectorized whole, 84 channels of an average
     pool ran 16x slower. The kernel stays right at the tail."""
-    from roller.api import analyze as api_analyze
-    from roller.construct import construct
+    from roller.builder.api import analyze as api_analyze
+    from roller.targets import construct
 
     spec, shape = ops.OPS["pool2d"].with_options(kind="avg"), dict(N=1, H=6, W=5, C=36, R=3, S=3, pad=1)
     expr, func = api_analyze(spec.make(shape))
@@ -447,7 +448,7 @@ def test_a_tile_wider_than_a_short_vector_axis_runs_whole_vectors(device):
                                    dict(N=1, H=7, W=6, C=12, K=18, R=3, S=3, pad=1, groups=6)])  # 2 in, 3 out
 def test_group_replication_is_vectorized_in_runs_of_one_broadcast_element(device, shape):
     """group_rep's value repeats one input channel over the K/groups output channels of its group: the
-    copy is vectorized in runs of that many lanes (roller.ops.LANE_RUN), and the kernel stays right."""
+    copy is vectorized in runs of that many lanes (roller.tir.ops.LANE_RUN), and the kernel stays right."""
     spec, func, expr, plans = constructed("conv2d", shape, device, topk=2)
     kg = shape["K"] // shape["groups"]
     for prog in plans:
@@ -462,13 +463,13 @@ def test_transposed_pack_goes_in_square_blocks(device, monkeypatch):
     """B of an [N, K] linear layer packed transposed per top tile: 16 x 16 blocks (each source run of 16
     read for 16 rows at a time), not a run of every row of the tile at once; and the kernel stays right.
     (The blocks as the schedule leaves them: with codegen.transpose off, which would shuffle them.)"""
-    from roller.codegen import transpose
+    from roller.targets.cpu import transpose
 
     monkeypatch.setattr(transpose, "ENABLED", False)
     spec = ops.OPS["matmul"].with_options(layout="nt")
     shape = {"M": 40, "N": 96, "K": 64}
-    from roller.api import analyze as api_analyze
-    from roller.construct import construct
+    from roller.builder.api import analyze as api_analyze
+    from roller.targets import construct
     expr, func = api_analyze(spec.make(shape))
     prog = next(p for p in construct(expr, device, topk=5).programs if p.layouts.get("B"))
     text = schedule(func, expr, prog, device).mod.script()
@@ -523,7 +524,7 @@ def test_kernel_libraries_are_linked_by_ld_and_fall_back_to_the_compiler_driver(
     import tvm
     from tvm.support import cc
 
-    from roller import tvmutil
+    from roller.tir import compile as tvmutil
 
     shape = dict(M=33, N=40)
     spec, func, expr = analysed("add_relu", shape)
@@ -550,7 +551,7 @@ def test_a_root_copy_splits_off_its_rows_partial_vector(device):
     """A padded copy made once at root vectorizes its rows; a row that ends in a partial vector (A's 40
     columns: 2 vectors and 8) has that vector split off at lowering (the partition hint), as a vector
     loop carrying the bound ran scalar: the prime matmul's A copy, 1.03-1.06x of the kernel."""
-    from roller.codegen.schedutil import PARTITION_HINT
+    from roller.tir.schedutil import PARTITION_HINT
 
     def plan(expr):
         prog = program(expr, (4, 16, 1), (4, 16, 8), (16, 48, 40), packed=("B",))
@@ -568,8 +569,8 @@ def test_a_two_vector_register_tile_over_an_odd_count_of_vectors_pads_the_last_o
     """168 output channels are 11 vectors; construction offers register tiles two vectors wide (12
     vectors, construct.TWO_VECTOR_WASTE) and tiles the levels above over the padded 192. The kernel
     covers every channel and writes none past 168."""
-    from roller.api import analyze as api_analyze
-    from roller.construct import enumerate_programs
+    from roller.builder.api import analyze as api_analyze
+    from roller.plan.construct import enumerate_programs
 
     spec, shape = ops.OPS["conv2d"], dict(N=1, H=6, W=7, C=168, K=168, R=1, S=1, stride=1, pad=0, dilation=1,
                                           groups=1)

@@ -5,21 +5,22 @@ import math
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
-from roller.construct import EPSILON_STEPS, TWO_VECTOR_WASTE, construct, enumerate_programs
-from roller.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
-from roller.model import TIE, estimate, launch_seconds, tile_overhead
-from roller.rprogram import RProgram
-from roller.rtile import ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step, compute_lanes, footprint, padding_waste, round_up, tile_counts
-from roller.tails import serial_tail, tiling_extents
+from roller.plan.construct import EPSILON_STEPS, TWO_VECTOR_WASTE, construct, enumerate_programs
+from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
+from roller.plan.cost import TIE, estimate, launch_seconds, tile_overhead
+from roller.plan.rprogram import RProgram
+from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
+                               compute_lanes, footprint, padding_waste, round_up, tile_counts)
+from roller.plan.tails import serial_tail, tiling_extents
 
 DEV = cpu()
 
 
 def alignment_problems(expr, prog: RProgram, dev=DEV) -> list[tuple]:
-    """(level, axis, size, step) of every tile size that breaks the alignment rules of roller.rtile.
+    """(level, axis, size, step) of every tile size that breaks the alignment rules of roller.plan.rtile.
 
     Along an axis of extent E, a level's tile size is allowed when it is the full extent (or, on the
-    vector axis, the extent rounded up to whole vectors: roller.tails.tiling_extents), or when it is a
+    vector axis, the extent rounded up to whole vectors: roller.plan.tails.tiling_extents), or when it is a
     multiple of the level's alignment step (rtile.axis_step: SIMD lanes on the vector axis at level 0,
     cache lines along contiguous axes above) whose padding waste over the tiled extent is at most the
     plan's epsilon (rtile.next_aligned: a tile may overhang, or leave a ragged last tile, only that much;
@@ -122,7 +123,7 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     # compute bound at 100 GFLOP/s per unit over 4 units, plus the fixed cost of each wave's top tile (with
     # the workspace allocation of its accumulator tile and the accumulators moved through memory between
     # reduction chunks) and of starting the parallel loop
-    from roller.model import accumulator_seconds, workspace_seconds
+    from roller.plan.cost import accumulator_seconds, workspace_seconds
     tiles = math.prod(best.grid.values())
     per_tile = (tile_overhead(DEV) + workspace_seconds(e, best.tiles, DEV, best.vector_axis) / tiles
                 + accumulator_seconds(e, best.tiles, DEV, best.vector_axis) / tiles)
@@ -207,7 +208,7 @@ def test_calibrated_figures_change_the_prediction():
 
 
 def test_accumulator_efficiency_counts_independent_vectors():
-    from roller.model import accumulator_efficiency
+    from roller.plan.cost import accumulator_efficiency
     spec_dev = cpu(units={"count": 4, "vector_bytes": 64, "peak_gflops": {"float32": 100.0},
                           "accumulators_for_peak": 8})
     e = matmul(256, 256, 256)
@@ -225,7 +226,7 @@ def test_accumulator_efficiency_counts_independent_vectors():
 
 
 def test_rank_ties_near_predictions_and_prefers_less_memory_time():
-    from roller.model import rank
+    from roller.plan.cost import rank
     plans = [("tight", 0.999, {"reg": 0.9, "L1": 0.1}), ("slack", 1.000, {"reg": 0.5, "L1": 0.2}),
              ("slow", 1.10, {"reg": 0.1}), ("fast", 0.90, {"reg": 2.0})]
     order = rank(plans, lambda p: p[1], lambda p: p[2])
@@ -238,7 +239,7 @@ def test_rank_ties_near_predictions_and_prefers_less_memory_time():
 
 
 def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
-    from roller.rtile import packing, packing_bytes
+    from roller.plan.rtile import packing, packing_bytes
     e = matmul(1024, 1024, 1024)
     tiles = [{"i": 4, "j": 64, "k": 1}, {"i": 32, "j": 64, "k": 32}, {"i": 256, "j": 256, "k": 256}]
     # B's top region (256 x 256) has rows 1 KiB apart = 16 lines, a stride sharing a factor with the 64 L1
@@ -254,7 +255,7 @@ def test_staged_window_rows_are_padded_against_cache_set_conflicts():
     whose top tile stages 16 x 16 pixels x 128 channels (rows 8 KiB apart) while its L1 tile reads 16
     channels of each pixel pads every pixel by one line; a tile reading whole pixels pads nothing; a
     stage read in place (inlined) has no copy to pad."""
-    from roller.rtile import packing
+    from roller.plan.rtile import packing
     e = dataclasses.replace(conv2d_nhwc(1, 14, 14, 256, 256, 3, 3), staged=("X",), inlinable=("X",))
     part = [{"n": 1, "h": 14, "w": 1, "k": 16, "r": 3, "s": 1, "c": 1},
             {"n": 1, "h": 14, "w": 2, "k": 16, "r": 3, "s": 3, "c": 16},
@@ -270,10 +271,10 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
     efficiency (64 B rows of a 384 B row: 42% on the calibrated machine) for the bytes that come from
     beyond the private caches; whole rows and scalars cost nothing more; without a calibration, or with
     the data in the L2s, nothing is charged."""
-    from roller.device import load_device
-    from roller.expr import Axis, Expr, TensorAccess
-    from roller.model import resident_share, short_row_bytes
-    from roller.rtile import LevelRules
+    from roller.device.load import load_device
+    from roller.plan.expr import Axis, Expr, TensorAccess
+    from roller.plan.cost import resident_share, short_row_bytes
+    from roller.plan.rtile import LevelRules
 
     plain = load_device("x86-avx512", calibrated=False)
     sweep = {"small_transfer": {"stride_bytes": 256, "rows": [{"bytes": 64, "efficiency": 0.5},
@@ -302,8 +303,8 @@ def test_short_strided_rows_cost_the_calibrated_efficiency():
 
 
 def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
-    from roller.expr import REDUCE, SPATIAL, Axis, Expr
-    from roller.rtile import packing
+    from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr
+    from roller.plan.rtile import packing
     from policy_exprs import acc
     # depthwise 5x5 on 83x83x42 (the padding stage read in place): a top tile over all 42 channels stages
     # rows of 42 floats; with 16 lanes they are padded to 48 so that every vector load starts on a line
@@ -323,8 +324,8 @@ def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
 
 def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on_their_misses():
     from policy_exprs import cpu_spec
-    from roller.device import device_from_dict
-    from roller.model import UNTRACKED_LINE_CYCLES, cycle_seconds, untracked_stream_seconds
+    from roller.device.spec import device_from_dict
+    from roller.plan.cost import UNTRACKED_LINE_CYCLES, cycle_seconds, untracked_stream_seconds
     spec = cpu_spec()
     spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
     dev = device_from_dict(spec, "test")
@@ -350,8 +351,8 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
 
 def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_their_lines():
     from policy_exprs import cpu_spec
-    from roller.device import device_from_dict
-    from roller.model import INTERLEAVED_LINE_CYCLES, broadcast_run, cycle_seconds, interleaved_run_seconds
+    from roller.device.spec import device_from_dict
+    from roller.plan.cost import INTERLEAVED_LINE_CYCLES, broadcast_run, cycle_seconds, interleaved_run_seconds
     spec = cpu_spec()
     spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
     dev = device_from_dict(spec, "test")
@@ -385,7 +386,7 @@ def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_the
 
 
 def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
-    from roller.model import data_source
+    from roller.plan.cost import data_source
     # DEV: 4 units with 1 MiB L2 (half usable); 16 MiB L3
     assert data_source(reduce_rows(128, 768), DEV).name == "L2"  # 393 KB: every unit's share fits its L2
     assert data_source(reduce_rows(1024, 1024), DEV).name == "L3"  # 4 MiB: over the L2s' usable 2 MiB
@@ -395,8 +396,9 @@ def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
 def test_data_near_the_private_caches_capacity_comes_partly_from_them():
     """model.resident_share falls from all to none between RESIDENT_FULL and RESIDENT_NONE times the units'
     private capacity (DEV: 4 x 1 MiB L2); source_bandwidth weighs each level's time by its share."""
-    from roller.model import RESIDENT_FULL, RESIDENT_NONE, data_source, resident_share, source_bandwidth, tensor_bytes
-    from roller.device import load_device
+    from roller.plan.cost import (RESIDENT_FULL, RESIDENT_NONE, data_source, resident_share, source_bandwidth,
+                                  tensor_bytes)
+    from roller.device.load import load_device
     cap = 4 * 2**20
     small, mid, big = reduce_rows(256, 1024), reduce_rows(1024, 1024), reduce_rows(2048, 1024)
     assert tensor_bytes(small) <= RESIDENT_FULL * cap and tensor_bytes(big) >= RESIDENT_NONE * cap
@@ -411,7 +413,7 @@ def test_data_near_the_private_caches_capacity_comes_partly_from_them():
     assert source_bandwidth(mid, DEV, 4) == pytest.approx(1 / (share / 100.0 + (1 - share) / 20.0))
     assert data_source(mid, DEV).name == ("L2" if share >= 0.5 else "L3")
     # the top level fills at the blend: its memory time is its traffic at each active unit's share
-    from roller.model import estimate
+    from roller.plan.cost import estimate
     est = estimate(mid, [{"i": 1, "k": 16}, {"i": 4, "k": 1024}, {"i": 16, "k": 1024}], DEV)
     assert est.units == 4 and 0 < est.memory_seconds["L2"] == pytest.approx(
         est.traffic_bytes["L2"] / (source_bandwidth(mid, DEV, 4) * 1e9))
@@ -419,7 +421,7 @@ def test_data_near_the_private_caches_capacity_comes_partly_from_them():
 
 
 def test_register_accumulators_stay_in_registers_through_levels_holding_one_register_tile():
-    from roller.model import accumulator_parent
+    from roller.plan.cost import accumulator_parent
     e = conv2d_nhwc(1, 42, 42, 168, 168, 1, 1)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     reg = t(21, 1, 16, 1)
@@ -429,13 +431,13 @@ def test_register_accumulators_stay_in_registers_through_levels_holding_one_regi
     assert accumulator_parent(e, [reg, seven, top], 0) is seven  # 7 register tiles: back to memory per chunk
     assert accumulator_parent(e, [reg, one, t(21, 1, 16, 176)], 0) is None  # one register tile throughout
     assert accumulator_parent(e, [reg, seven, top], 1) is top and accumulator_parent(e, [reg, seven, top], 2) is None
-    from roller.model import estimate
+    from roller.plan.cost import estimate
     # the model now tells them apart: the 7-tile plan reloads its accumulators 11 times
     assert estimate(e, [reg, one, top], DEV, "k").seconds < estimate(e, [reg, seven, top], DEV, "k").seconds
 
 
 def test_the_accumulator_tile_is_where_code_generation_puts_it():
-    from roller.tails import accumulator_tile
+    from roller.plan.tails import accumulator_tile
     e = conv2d_nhwc(1, 56, 56, 24, 144, 1, 1)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     reg = t(8, 1, 48, 1)
@@ -451,7 +453,7 @@ def test_the_accumulator_tile_is_where_code_generation_puts_it():
 
 
 def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
-    from roller.model import WORKSPACE_TILE_CYCLES, cycle_seconds, workspace_seconds
+    from roller.plan.cost import WORKSPACE_TILE_CYCLES, cycle_seconds, workspace_seconds
     e = conv2d_nhwc(1, 56, 56, 24, 144, 1, 1)
     t = lambda h, k, c: {"n": 1, "h": h, "w": 1, "k": k, "r": 1, "s": 1, "c": c}
     l1, top = t(56, 48, 24), {**t(56, 144, 24), "w": 14}
@@ -465,7 +467,7 @@ def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
 
 
 def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
-    from roller.model import ACCUMULATOR_CYCLES, accumulator_seconds, cycle_seconds
+    from roller.plan.cost import ACCUMULATOR_CYCLES, accumulator_seconds, cycle_seconds
     e = conv2d_nhwc(1, 56, 56, 64, 256, 1, 1)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     reg, top = t(4, 1, 64, 1), t(28, 14, 256, 64)
@@ -490,9 +492,9 @@ def test_construction_offers_two_vector_register_tiles_and_reduction_chunks_of_o
     vectors on a 14x14x256 -> 1024 1x1 conv: 607 us against 715 for 2 x 2 x 4, one thread) is offered too,
     as is an L1 tile that holds one register tile and a chunk of its reduction, and the model ranks that
     pair first for this conv."""
-    from roller.construct import scale_up
-    from roller.device import load_device
-    from roller.tails import stack_array
+    from roller.plan.construct import scale_up
+    from roller.device.load import load_device
+    from roller.plan.tails import stack_array
 
     dev = load_device("x86-avx512", calibrated=False)
     e = conv2d_nhwc(1, 14, 14, 256, 1024, 1, 1)
@@ -509,7 +511,7 @@ def test_construction_offers_two_vector_register_tiles_and_reduction_chunks_of_o
 
 
 def grouped_conv_rep(N, H, W, K, R, S, cg, kg):
-    """A grouped conv as roller.ops writes it for few output channels a group: the input ``Rep`` is its
+    """A grouped conv as roller.tir.ops writes it for few output channels a group: the input ``Rep`` is its
     stage group_rep ([N, P, Q, cg, K], each input channel copied for the kg output channels of its group),
     staged per top tile."""
     axes = (Axis("n", N, SPATIAL), Axis("h", H, SPATIAL), Axis("w", W, SPATIAL), Axis("k", K, SPATIAL),
@@ -527,8 +529,8 @@ def test_a_repeating_stage_reads_its_source_and_writes_at_its_element_rate():
     at the input's size (1/kg of the region), the writes at REPLICATE_CYCLES an element, serial with the
     compute. ResNeXt's 3x3 conv on 56x56x128 in 32 groups of 4, its first plan on the 2-core host: 450 us
     predicted with the whole replica charged as traffic from L3, 237-250 us measured (2 threads), 285 now."""
-    from roller.model import REPLICATE_CYCLES, cycle_seconds, replicate_seconds
-    from roller.rtile import tensor_footprint
+    from roller.plan.cost import REPLICATE_CYCLES, cycle_seconds, replicate_seconds
+    from roller.plan.rtile import tensor_footprint
 
     e = grouped_conv_rep(1, 56, 56, 128, 3, 3, 4, 4)
     plain = dataclasses.replace(e, repeats=())  # the same stage taken as a plain copy (a padding stage)
@@ -552,7 +554,7 @@ def test_constants_from_memory_cost_their_traffic_at_memorys_bandwidth():
     """With Device.constants_level set (a model whose weights outgrow the caches), the prepacked weight's
     traffic into the top level is charged at that level's bandwidth; other inputs and plans without
     prepacked constants are charged as before."""
-    from roller.model import estimate
+    from roller.plan.cost import estimate
 
     e = matmul(256, 1024, 1024)
     cold = dataclasses.replace(DEV, constants_level="DRAM")
@@ -582,9 +584,9 @@ def test_plans_that_split_the_reduction_over_several_register_tiles_rank_behind_
     """BERT's QK^T (12 x 128x128x64): 2 chunks of 32 over an L1 tile of 8 register tiles ran 139-147 us,
     16-deep chunks of one register tile (accumulators kept in registers) 127-136 us, two threads. At 0.5
     cycles a move the two tied and the memory tie-break took the split plan."""
-    from roller import ops
-    from roller.api import analyze
-    from roller.model import accumulator_seconds, rank
+    from roller.tir import ops
+    from roller.builder.api import analyze
+    from roller.plan.cost import accumulator_seconds, rank
     e = analyze(ops.OPS["batch_matmul"].make({"B": 12, "M": 128, "N": 128, "K": 64}))[0]
     dev = cpu(units={"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 150.0}})
     t = lambda m, n, k: {"b": 1, "m": m, "n": n, "k": k}
@@ -618,8 +620,8 @@ def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reu
     for 14 FMAs, 7 x 2 vectors 9. Loads between FMAs reach model.REGISTER_LOAD_SHARE of the L1's stream
     bandwidth, so the first is load-bound (1x1 conv 42x42x168, one thread: 910-1151 us against 687-707);
     at the full stream bandwidth the model tied them."""
-    import roller.model as model
-    from roller.device import load_device
+    import roller.plan.cost as model
+    from roller.device.load import load_device
 
     dev = load_device("x86-avx512", calibrated=False)
     expr = conv2d_nhwc(1, 42, 42, 176, 176, 1, 1)
@@ -642,7 +644,7 @@ def test_the_avx512_register_budget_admits_six_by_four_vector_gemm_tiles_not_fou
     """hwspecs/x86-avx512.yaml's register level (usable_fraction 0.9): 6 rows x 4 vectors of accumulators
     with their operands fit (they ran 1.04-1.08x faster than 4 x 4); a depthwise tile of 14 rows with its
     window outside (14 accumulators, 14 input vectors, a weight) does not (it ran 0.78x)."""
-    from roller.device import load_device
+    from roller.device.load import load_device
 
     dev = load_device("x86-avx512", calibrated=False)
     gemm = matmul(384, 3072, 768)

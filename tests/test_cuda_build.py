@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from roller import cudatools
-from roller.codegen import opencl
-from roller.codegen.cuda import resource_problems
-from roller.cudatools import KernelResources
-from roller.device import load_device
+from roller.targets.cuda import toolchain as cudatools
+from roller.targets.cuda import opencl
+from roller.targets.cuda.schedule import resource_problems
+from roller.targets.cuda.toolchain import KernelResources
+from roller.device.load import load_device
 from roller.errors import ToolchainError
 
 no_cuda = cudatools.missing()
@@ -66,7 +66,7 @@ def test_plot_is_refused_on_a_gpu_spec(tmp_path):
 
 
 def test_missing_toolchain_is_one_clear_error(monkeypatch):
-    from roller import api
+    from roller.builder import api
     monkeypatch.setattr(cudatools, "missing", lambda: "the NVIDIA CUDA wheels are not installed; " + cudatools.INSTALL_HINT)
     with pytest.raises(ToolchainError, match=r'pip install -e "\.\[cuda\]"'):
         api.build_op("matmul", {"M": 64, "N": 64, "K": 64}, device="a100", topk=1)
@@ -79,7 +79,7 @@ def _res(**kw):
 
 
 def test_resource_problems_by_hand():
-    from roller.rprogram import RProgram
+    from roller.plan.rprogram import RProgram
     dev = load_device("a100", calibrated=False)
     p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 8}, units=108, waves=2,
                  gpu={"threads": 256, "blocks_per_sm": 4})
@@ -104,7 +104,7 @@ def test_python_build_on_a_gpu_spec():
     import numpy as np
 
     import roller
-    from roller import ops
+    from roller.tir import ops
     a = (np.arange(32 * 40).reshape(32, 40) % 7 / 8).astype("float32")
     b = (np.arange(40 * 48).reshape(40, 48) % 5 / 4).astype("float32")
     r = roller.build(ops.matmul(32, 48, 40), device="a100", topk=2, inputs=[a, b], reference=a @ b)
@@ -123,7 +123,7 @@ def test_python_build_on_a_gpu_spec():
 @needs_cuda
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_other_dtypes_build_and_say_how_they_were_checked(dtype):
-    from roller import api
+    from roller.builder import api
     r = api.build_op("matmul", {"M": 64, "N": 64, "K": 64}, dtype, device="a100", topk=2)
     assert r.build.cubin[:4] == b"\x7fELF" and r.report["out_dtype"] == ("int32" if dtype == "int8" else dtype)
     if r.program.gpu.get("tensor_core"):  # fp16 on sm_80: tensor cores, which have no OpenCL twin

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
-from roller import ops
-from roller.api import analyze
-from roller.codegen import opencl
-from roller.codegen.cuda import build_cuda, schedule_cuda
-from roller.construct import construct
-from roller.device import load_device
+from roller.tir import ops
+from roller.builder.api import analyze
+from roller.targets.cuda import opencl
+from roller.targets.cuda.schedule import build_cuda, schedule_cuda
+from roller.targets import construct
+from roller.device.load import load_device
 
 pytestmark = pytest.mark.build
 
@@ -89,7 +89,7 @@ def test_opencl_twin_matches_numpy(gpu, case):
 def test_opencl_twin_of_the_big_matmul_plan():
     # the A100's first plan for 4096^3 (8 x 8 thread tiles, a reduction in steps) on a 256^3 matmul, and one
     # with 16-B vector copies (unpadded rows)
-    from roller import gpu_construct
+    from roller.targets.cuda import construct as gpu_construct
     spec, shape, expr, func, dev, _ = _plans("a100", "matmul", topk=1)
     big = construct(analyze(ops.matmul(4096, 4096, 4096))[0], dev, topk=1).programs[0]
     assert big.tiles[0]["m"] * big.tiles[0]["n"] >= 16 and big.tiles[1]["k"] < 256

@@ -1,9 +1,9 @@
-"""The offline CUDA toolchain (roller.cudatools): headers gathered by roller, NVRTC to PTX and cubin, ptxas -v parsed."""
+"""The offline CUDA toolchain (roller.targets.cuda.toolchain): headers gathered by roller, NVRTC to PTX and cubin, ptxas -v parsed."""
 import os
 
 import pytest
 
-from roller import cudatools
+from roller.targets.cuda import toolchain as cudatools
 from roller.errors import ToolchainError
 
 PTXAS_SAMPLE = """\

@@ -3,7 +3,8 @@ import pytest
 import yaml
 
 from policy_exprs import cpu_spec, spec_error
-from roller.device import device_from_dict, load_device, load_spec_file, parse_size, shipped_specs
+from roller.device.spec import device_from_dict, load_spec_file, parse_size, shipped_specs
+from roller.device.load import load_device
 from roller.errors import DeviceSpecError
 
 

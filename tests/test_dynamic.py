@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from roller.dynamic import BucketPolicy
+from roller.serve.buckets import BucketPolicy
 from roller.errors import RollerError
 
 
@@ -34,7 +34,7 @@ def test_a_bucket_holds_its_value_and_pads_within_bounds(n, eps, align):
 def test_dynamic_matmul_padded_results_match_numpy():
     from tvm import te
 
-    from roller.jit import JIT
+    from roller.serve.jit import JIT
 
     n = te.var("n")
     a = te.placeholder((n, 32), name="A")
@@ -73,7 +73,7 @@ def _static():
 def test_a_dimension_padding_would_change_is_served_exactly():
     from tvm import te
 
-    from roller.jit import JIT
+    from roller.serve.jit import JIT
 
     n = te.var("n")
     r = te.reduce_axis((0, n), name="r")

@@ -11,12 +11,12 @@ import pytest
 import tvm
 
 from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
-from microbench import gpu
-from roller import cudatools
-from roller.calibrate import load_calibration, save_calibration, validate_calibration
-from roller.device import load_device
+from roller.targets.cuda import microbench as gpu
+from roller.targets.cuda import toolchain as cudatools
+from roller.device.calibration import load_calibration, save_calibration, validate_calibration
+from roller.device.load import load_device
 from roller.errors import CalibrationError
-from roller.gpu_runtime import OpenCLRuntime, cuda_missing
+from roller.targets.cuda.runtime import OpenCLRuntime, cuda_missing
 
 pytestmark = pytest.mark.build
 

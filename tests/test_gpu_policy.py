@@ -3,8 +3,9 @@ import pytest
 import yaml
 
 from policy_exprs import spec_error
-from roller.device import load_device, shipped_specs
-from roller.gpu_reduce import reduction_shared_bytes
+from roller.device.load import load_device
+from roller.device.spec import shipped_specs
+from roller.targets.cuda.reduce import reduction_shared_bytes
 
 GPUS = ("v100", "a100", "h100", "rtx4090")
 ARCH = {"v100": "sm_70", "a100": "sm_80", "h100": "sm_90", "rtx4090": "sm_89"}
@@ -72,10 +73,10 @@ def test_malformed_gpu_specs_name_the_field(mutate, needles):
 # The GPU level rules, by hand.
 
 from policy_exprs import conv2d_nhwc, elementwise, matmul, reduce_rows  # noqa: E402
-from roller import gpu_model, gpu_rules  # noqa: E402
-from roller.construct import construct  # noqa: E402
-from roller.gpu_rules import GpuLevelRules, Occupancy, occupancy  # noqa: E402
-from roller.rtile import aligning_tensors  # noqa: E402
+from roller.targets.cuda import cost as gpu_model, rules as gpu_rules  # noqa: E402
+from roller.targets import construct  # noqa: E402
+from roller.targets.cuda.rules import GpuLevelRules, Occupancy, occupancy  # noqa: E402
+from roller.plan.rtile import aligning_tensors  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +229,7 @@ def test_gpu_planning_needs_no_compiler():
     import subprocess
     import sys
     code = ("import sys; sys.path.insert(0, 'tests'); from policy_exprs import matmul; "
-            "from roller.device import load_device; from roller.construct import construct; "
+            "from roller.device import load_device; from roller.targets import construct; "
             "assert construct(matmul(512, 512, 512), load_device('h100', calibrated=False)).programs; "
             "assert 'tvm' not in sys.modules, 'the GPU policy imported TVM'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from gpu_marks import needs_opencl
-from roller import ops
-from roller.device import load_device
+from roller.tir import ops
+from roller.device.load import load_device
 from roller.errors import BuildError, ToolchainError
-from roller.gpu_build import NOT_TIMED, build_gpu, default_runtime
-from roller.gpu_profile import profile_gpu
-from roller.gpu_runtime import CudaRuntime, OpenCLRuntime, cuda_missing
+from roller.targets.cuda.build import NOT_TIMED, build_gpu, default_runtime
+from roller.targets.cuda.profile import profile_gpu
+from roller.targets.cuda.runtime import CudaRuntime, OpenCLRuntime, cuda_missing
 
 pytestmark = pytest.mark.build
 no_gpu = pytest.mark.skipif(cuda_missing() is None, reason="a CUDA GPU is present: this checks a machine without one")
@@ -73,9 +73,9 @@ def test_a_candidate_with_a_wrong_result_is_dropped_not_timed():
 @needs_opencl
 def test_profile_gpu_fails_every_candidate_against_a_wrong_reference():
     import tvm
-    from roller.api import analyze
-    from roller.codegen.cuda import schedule_cuda
-    from roller.construct import construct
+    from roller.builder.api import analyze
+    from roller.targets.cuda.schedule import schedule_cuda
+    from roller.targets import construct
 
     func, inputs, ref = _matmul(32, 32, 32)
     dev = load_device("a100", calibrated=False)

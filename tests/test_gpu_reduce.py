@@ -1,4 +1,4 @@
-"""Block-level reductions on a GPU (roller.gpu_reduce, codegen/cuda_reduce): where rows are long and few the
+"""Block-level reductions on a GPU (roller.targets.cuda.reduce, codegen/cuda_reduce): where rows are long and few the
 threads of a block share rows; the policy against hand-computed cases, the kernels' numbers on PoCL (OpenCL
 twin), race-freedom under oclgrind, and the CUDA build within the limits (NVRTC + ptxas)."""
 import os
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
-from roller import ops
-from roller.api import analyze
-from roller.codegen import opencl
-from roller.codegen.cuda import build_cuda, schedule_cuda
-from roller.construct import construct
-from roller.device import load_device
-from roller.gpu_reduce import block_reduction_tiles, reduce_axis, reduction_shared_bytes
+from roller.tir import ops
+from roller.builder.api import analyze
+from roller.targets.cuda import opencl
+from roller.targets.cuda.schedule import build_cuda, schedule_cuda
+from roller.targets import construct
+from roller.device.load import load_device
+from roller.targets.cuda.reduce import block_reduction_tiles, reduce_axis, reduction_shared_bytes
 
 
 A100 = load_device("a100", calibrated=False)

@@ -1,4 +1,4 @@
-"""Tensor-core plans for fp16 matmuls on sm_80+ (roller.gpu_tensorcore, codegen/cuda_tensorcore): the policy by
+"""Tensor-core plans for fp16 matmuls on sm_80+ (roller.targets.cuda.tensorcore, codegen/cuda_tensorcore): the policy by
 hand, and the kernels compiled offline (NVRTC + ptxas) with WMMA instructions in the PTX, within the limits.
 Their numbers cannot be checked here: OpenCL has no tensor-core instructions and no GPU is reachable."""
 import re
@@ -7,12 +7,12 @@ import pytest
 from tvm import te
 
 from gpu_marks import needs_cuda
-from roller import ops
-from roller.api import analyze
-from roller.codegen.cuda import build_cuda
-from roller.construct import construct
-from roller.device import load_device
-from roller.gpu_tensorcore import tc_registers, tc_shared_bytes, tensorcore_axes
+from roller.tir import ops
+from roller.builder.api import analyze
+from roller.targets.cuda.schedule import build_cuda
+from roller.targets import construct
+from roller.device.load import load_device
+from roller.targets.cuda.tensorcore import tc_registers, tc_shared_bytes, tensorcore_axes
 
 
 def _mixed(m, n, k):
@@ -75,7 +75,7 @@ def test_tensor_core_kernels_compile_within_the_limits(gpu, out):
 
 
 def test_build_says_tensor_core_numbers_are_unchecked():
-    from roller.gpu_build import _check_twin
+    from roller.targets.cuda.build import _check_twin
 
     expr, func = _mixed(64, 64, 64)
     dev = load_device("a100", calibrated=False)

@@ -1,4 +1,4 @@
-"""roller.jit: the top-1 kernel at once, the profiled one from a background process, the memo, the
+"""roller.serve.jit: the top-1 kernel at once, the profiled one from a background process, the memo, the
 cache, several threads at once. Every kernel is run on fresh data and checked against numpy."""
 import json
 import os
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import roller
-import roller.api as api
-from roller import cache as kc
-from roller import ops
+import roller.builder.api as api
+from roller.cache import open_store
+from roller.cache import store as kc
+from roller.tir import ops
 from roller.cli import main
-from roller.jit import JIT, Kernel
-from roller.profile import _fill_sentinel
+from roller.serve.jit import JIT, Kernel
+from roller.measure.verify import fill_sentinel
 
 pytestmark = pytest.mark.build
 
@@ -35,7 +36,7 @@ def check(kernel: Kernel, m, n=48, k=40, seed=5):
 
     rng = np.random.default_rng(seed)
     a, b = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (k, n)).astype("float32")
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty((m, n), "float32")))
+    out = tvm.runtime.tensor(fill_sentinel(np.empty((m, n), "float32")))
     kernel(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
@@ -80,7 +81,7 @@ def test_top1_at_once_then_the_profiled_kernel_replaces_it(cache_root, compiles,
     assert k2.report["cache_key"] == k.report["cache_key"]
     check(k2, 24)
     assert compiles == [(24, "top1")]
-    st = kc.open_store().stats()
+    st = open_store().stats()
     assert st["entries"] == 2  # the top-1 and the profiled entry
     jit.close()
     other.close()
@@ -159,12 +160,12 @@ def test_a_background_build_process_that_dies_leaves_the_top1_kernel_and_is_repl
     deadline = time.time() + 60
     while not jit._procs and time.time() < deadline:  # the build process has started
         time.sleep(0.01)
-    want = os.getpriority(os.PRIO_PROCESS, 0) + roller.jit.BACKGROUND_NICE
+    want = os.getpriority(os.PRIO_PROCESS, 0) + roller.serve.jit.BACKGROUND_NICE
     for proc in jit._procs:  # below the server's priority (its first statement, once Python has started)
         while os.getpriority(os.PRIO_PROCESS, proc.pid) != want and time.time() < deadline:
             time.sleep(0.01)
         assert os.getpriority(os.PRIO_PROCESS, proc.pid) == want
-    with pytest.warns(roller.jit.JITWarning, match="profiling .* failed, its top-1 kernel stays"):
+    with pytest.warns(roller.serve.jit.JITWarning, match="profiling .* failed, its top-1 kernel stays"):
         for proc in list(jit._procs):
             proc.kill()  # as a TVM crash would end it
         assert not k.wait(timeout=120)

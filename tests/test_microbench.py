@@ -1,13 +1,13 @@
-"""microbench: the plan (pure Python) and the calibration kernels (built with TVM, checked against numpy)."""
+"""roller.targets.cpu.microbench: the plan (pure Python) and the calibration kernels (built with TVM, checked against numpy)."""
 import dataclasses
 
 import numpy as np
 import pytest
 
-from microbench import kernels as K
-from microbench.plan import level_working_sets, make_plan, peak_tile, sweep_sizes
-from microbench.runner import device_from_json, rate_stats
-from roller.device import load_device
+from roller.targets.cpu.microbench import kernels as K
+from roller.targets.cpu.microbench.plan import level_working_sets, make_plan, peak_tile, sweep_sizes
+from roller.targets.cpu.microbench.runner import device_from_json, rate_stats
+from roller.device.load import load_device
 from roller.errors import CalibrationError
 
 MIB = 1 << 20
@@ -77,7 +77,7 @@ def test_rate_stats_takes_the_fastest_third():
 def tvm_env():
     import tvm
 
-    from roller.tvmutil import target_for
+    from roller.tir.compile import target_for
     return tvm, target_for(load_device("host", calibrated=False)), tvm.cpu()
 
 

@@ -1,4 +1,4 @@
-"""Whole models through the kernel cache and the JIT (roller.model_cache): every fused function one
+"""Whole models through the kernel cache and the JIT (roller.models.function_cache): every fused function one
 cache entry, a second process loads them all and compiles none; outputs against onnxruntime."""
 import json
 import os
@@ -13,9 +13,10 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import roller  # noqa: E402
-from roller import cache as kc  # noqa: E402
-from roller import frontend  # noqa: E402
-from roller.jit import JIT  # noqa: E402
+from roller.cache import open_store  # noqa: E402
+from roller.cache import store as kc  # noqa: E402
+from roller.models import frontend  # noqa: E402
+from roller.serve.jit import JIT  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -102,5 +103,5 @@ def test_without_the_cache_the_model_is_compiled_whole(tmp_path, monkeypatch):
     model = onnx_models.small_cnn(size=16)
     cm = roller.compile_model(model, roller.load_device(), cache=False)
     assert not cm.calls_cache and {r.cache for r in cm.report} == {None}
-    assert kc.open_store().stats()["entries"] == 0
+    assert open_store().stats()["entries"] == 0
     assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]

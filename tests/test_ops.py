@@ -1,13 +1,13 @@
-"""roller.ops: shape parsing/validation, numpy references, and the unscheduled PrimFuncs against them."""
+"""roller.tir.ops: shape parsing/validation, numpy references, and the unscheduled PrimFuncs against them."""
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from roller import ops
+from roller.tir import ops
 from roller.errors import InvalidShapeError
-from roller.profile import _fill_sentinel
+from roller.measure.verify import fill_sentinel
 
 
 def run_unscheduled(spec, shape, dtype="float32", seed=0):
@@ -18,7 +18,7 @@ def run_unscheduled(spec, shape, dtype="float32", seed=0):
     ex = tvm.compile(func, "llvm")
     arrays = spec.inputs(shape, dtype, np.random.default_rng(seed))
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(spec.output_shape(shape), spec.out_dtype(dtype))), dev)
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(spec.output_shape(shape), spec.out_dtype(dtype))), dev)
     ex["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     return out.numpy(), spec.reference(arrays, shape)
 
@@ -369,7 +369,7 @@ def test_max_pool_padding_never_wins():
 def test_new_ops_analyse_as_one_reduction_with_padding_and_epilogue():
     """The analysis takes each new operator as it is: padding kept as a producer, avg's division as the
     epilogue, a grouped convolution as affine accesses over a group axis."""
-    from roller.analysis import analyze
+    from roller.tir.analysis import analyze
 
     pool = {"N": 1, "H": 7, "W": 5, "C": 3, "R": 3, "S": 3, "pad": 1}
     avg = analyze(ops.OPS["pool2d"].with_options(kind="avg").make(pool))

@@ -1,4 +1,4 @@
-"""Padding overhanging tiles (roller.codegen.padding): every kernel is checked against numpy; padded
+"""Padding overhanging tiles (roller.targets.cpu.padding): every kernel is checked against numpy; padded
 kernels must have no predicate left in the main computation."""
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from roller import ops
-from roller.api import analyze as api_analyze
-from roller.codegen import build, schedule
-from roller.codegen.padding import pad_to_tiles, padded_extents
-from roller.construct import construct
-from roller.device import load_device
+from roller.tir import ops
+from roller.builder.api import analyze as api_analyze
+from roller.targets import build, schedule
+from roller.targets.cpu.padding import pad_to_tiles, padded_extents
+from roller.targets import construct
+from roller.device.load import load_device
 from roller.errors import BuildError
-from roller.rprogram import RProgram
-from roller.tails import overhangs, tail_options
+from roller.plan.rprogram import RProgram
+from roller.plan.tails import overhangs, tail_options
+from roller.plan.rtile import default_vector_axis
 
 LEVELS = ("reg", "L1", "L2")
 
@@ -27,16 +28,16 @@ def device():
 
 def program(expr, reg, l1, l2, packed=(), pad=None, padded=True):
     """An RProgram whose tiles are given as tuples in the Expr's axis order; its overhanging axes are
-    padded where roller.tails allows it (``padded=False``: predicated)."""
+    padded where roller.plan.tails allows it (``padded=False``: predicated)."""
     names = [a.name for a in expr.axes]
     tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
-    pads, preds = tail_options(expr, tiles, expr.vector_axis, 16)[-1 if padded else 0]
-    return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=2, waves=1, vector_axis=expr.vector_axis,
+    pads, preds = tail_options(expr, tiles, default_vector_axis(expr), 16)[-1 if padded else 0]
+    return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=2, waves=1, vector_axis=default_vector_axis(expr),
                     packed=tuple(packed), storage_pad=dict(pad or {}), padded=pads, predicated=preds)
 
 
 def run(func, expr, prog, device, ins, ref, tol=1e-4):
-    """Builds the plan through roller.codegen.build and compares its output with ``ref``."""
+    """Builds the plan through roller.targets.build and compares its output with ``ref``."""
     import tvm
 
     ex = build(func, expr, prog, device)
@@ -232,8 +233,8 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
     constant) and it runs scalar (4 of 84 lanes at a lane's speed); elsewhere it is a vector loop of its
     own: one piece for 4 lanes, two (8 + 2) for 42 channels' 10."""
     from policy_exprs import elementwise
-    from roller.model import estimate
-    from roller.tails import serial_tail, tail_compute_factor, vector_tail_split
+    from roller.plan.cost import estimate
+    from roller.plan.tails import serial_tail, tail_compute_factor, vector_tail_split
 
     expr = elementwise(10, 84)
     solo = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=48)]  # rows in one top tile
@@ -264,7 +265,7 @@ def test_units_that_split_the_outputs_contiguous_rows_inside_a_line_are_charged_
     one, 8.3 split over the rows): those lines move between the units. None when the rows are whole lines
     (96 channels), another axis is split too, or one unit runs it."""
     from policy_exprs import elementwise
-    from roller.model import FALSE_SHARING_SECONDS, false_sharing_seconds
+    from roller.plan.cost import FALSE_SHARING_SECONDS, false_sharing_seconds
 
     odd, even = elementwise(196, 90), elementwise(196, 96)
     channels = dict(a0=196, a1=16)  # six top tiles of channels, every row in each

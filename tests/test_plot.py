@@ -6,7 +6,7 @@ import pytest
 from policy_exprs import cpu
 from roller.cli import main
 from roller.errors import RollerError
-from roller.plot import candidate_points, check_plot_path, roofs
+from roller.builder.plot import candidate_points, check_plot_path, roofs
 
 
 def test_roofs_scale_private_levels_with_units_and_keep_shared_totals():

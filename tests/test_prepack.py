@@ -1,4 +1,4 @@
-"""Constant inputs packed once, at compile time (roller.prepack): the layout's index maps and its numpy
+"""Constant inputs packed once, at compile time (roller.plan.prepack): the layout's index maps and its numpy
 packing agree, the model charges no copy for a prepacked input, and a whole model whose convolution
 weight is prepacked matches onnxruntime with a kernel that has no pack stage."""
 from __future__ import annotations
@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 import roller
-from roller import ops
-from roller.api import analyze
-from roller.construct import construct
+from roller.tir import ops
+from roller.builder.api import analyze
+from roller.targets import construct
 from roller.errors import BuildError
-from roller.prepack import PackedLayout
-from roller.relax import _tir_calls
-from roller.tails import copy_bytes
+from roller.plan.prepack import PackedLayout
+from roller.models.relax_pass import _tir_calls
+from roller.plan.tails import copy_bytes
+from roller.tir.layout import index_maps, pack_constant
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,11 @@ def device():
 ])
 def test_layout_apply_follows_its_index_maps(layout):
     src = np.arange(1, np.prod(layout.shape) + 1, dtype=np.float32).reshape(layout.shape)
-    dst = layout.apply(src)
+    dst = pack_constant(layout, src)
     seen = np.zeros(dst.shape, bool)
     for idx in itertools.product(*map(range, layout.shape)):
         at = list(idx)
-        for m in layout.index_maps():
+        for m in index_maps(layout):
             at = [int(i) for i in m.map_indices(at)]
         assert dst[tuple(at)] == src[idx]
         seen[tuple(at)] = True
@@ -50,7 +51,7 @@ def test_layout_apply_follows_its_index_maps(layout):
 
 def test_layout_apply_rejects_another_shape():
     with pytest.raises(BuildError, match="shape"):
-        PackedLayout((4, 4), ((2, 4),), ((0, 1), (0, 1))).apply(np.zeros((4, 5), np.float32))
+        pack_constant(PackedLayout((4, 4), ((2, 4),), ((0, 1), (0, 1))), np.zeros((4, 5), np.float32))
 
 
 def test_constant_weight_is_prepacked_and_not_charged(device):
@@ -68,9 +69,9 @@ def test_constant_weight_is_prepacked_and_not_charged(device):
 def test_kernel_reads_the_prepacked_weight(device):
     import tvm
 
-    from roller.codegen import schedule
-    from roller.prepack import program_layouts
-    from roller.tvmutil import target_for
+    from roller.targets import schedule
+    from roller.plan.prepack import program_layouts
+    from roller.tir.compile import target_for
 
     func = ops.conv2d_nhwc(1, 14, 14, 64, 128, 3, 3, pad=1)
     expr, norm = analyze(func)
@@ -81,19 +82,19 @@ def test_kernel_reads_the_prepacked_weight(device):
     assert not any(n.startswith("weight_") and "assumptions" not in n for n in names), names  # no pack stage
     layout = program_layouts(expr, plan, device)["weight"]
     weight = next(p for p in sch.mod["main"].params if str(p.name) == "weight")
-    assert [int(d) for d in weight.shape] == list(layout.apply(np.zeros(layout.shape, np.float32)).shape)
+    assert [int(d) for d in weight.shape] == list(pack_constant(layout, np.zeros(layout.shape, np.float32)).shape)
     rng = np.random.default_rng(0)
     args = [rng.uniform(-1, 1, [int(d) for d in p.shape]).astype(np.float32) for p in norm.params]
     want = ops.get_op("conv2d").reference(args[:2], dict(N=1, H=14, W=14, C=64, K=128, R=3, S=3, pad=1))
     ex = tvm.compile(sch.mod, target_for(device))
     dev = tvm.cpu()
     out = tvm.runtime.empty(want.shape, "float32", dev)
-    ex["main"](tvm.runtime.tensor(args[0], dev), tvm.runtime.tensor(layout.apply(args[1]), dev), out)
+    ex["main"](tvm.runtime.tensor(args[0], dev), tvm.runtime.tensor(pack_constant(layout, args[1]), dev), out)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_cache_key_tells_prepacked_signatures_apart(device):
-    from roller.model_cache import function_key
+    from roller.models.function_cache import function_key
 
     func = ops.conv2d_nhwc(1, 8, 8, 32, 64, 3, 3, pad=1)
     assert function_key(func, device, False)[0] != function_key(func, device, False, frozenset({"weight"}))[0]
@@ -140,7 +141,7 @@ def test_cli_says_what_is_prepacked(tmp_path, capsys):
 def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
     """Two convolutions of one shape with their own weights (one function, or two identical ones built
     once): each call gets its weight packed, the kernel reads it packed, the outputs match onnxruntime."""
-    from roller import frontend
+    from roller.models import frontend
 
     model = _two_convs()
     cm = roller.compile_model(model, device, cache=cache, verify=not cache)  # verify: checked packed, too
@@ -171,7 +172,7 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
 def test_constant_params_only_where_every_call_passes_a_constant():
     from tvm import relax, te
 
-    from roller.relax import constant_params
+    from roller.models.relax_pass import constant_params
 
     def module(second):
         """``add`` (one PrimFunc, deduplicated by the builder) called twice: (x, constant), then (y, second(y))."""
@@ -197,13 +198,14 @@ def test_constant_params_only_where_every_call_passes_a_constant():
 @pytest.mark.build
 @pytest.mark.parametrize("enabled", [True, False])
 def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled, monkeypatch):
-    """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.codegen.prefetch):
+    """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.targets.cpu.prefetch):
     the kernel carries the prefetches, outside the register tile's loop, and still matches numpy."""
     import tvm
 
-    from roller.codegen import prefetch, schedule
-    from roller.prepack import program_layouts
-    from roller.tvmutil import target_for
+    from roller.targets.cpu import prefetch
+    from roller.targets import schedule
+    from roller.plan.prepack import program_layouts
+    from roller.tir.compile import target_for
 
     monkeypatch.setattr(prefetch, "ENABLED", enabled)
     shape = dict(N=1, H=7, W=7, C=256, K=512, R=1, S=1)
@@ -219,7 +221,7 @@ def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled, monkeypat
     want = ops.get_op("conv2d").reference(args[:2], shape)
     ex = tvm.compile(schedule(norm, expr, plan, device).mod, target_for(device))
     out = tvm.runtime.tensor(np.full(want.shape, np.nan, np.float32))
-    ex["main"](tvm.runtime.tensor(args[0]), tvm.runtime.tensor(layout.apply(args[1])), out)
+    ex["main"](tvm.runtime.tensor(args[0]), tvm.runtime.tensor(pack_constant(layout, args[1])), out)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
 
 

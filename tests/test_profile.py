@@ -4,12 +4,14 @@ import os
 import numpy as np
 import pytest
 
-from roller import ops
-from roller.analysis import analyze
-from roller.device import load_device
+from roller.tir import ops
+from roller.tir.analysis import analyze
+from roller.device.load import load_device
 from roller.errors import BuildError
-from roller.profile import _fill_sentinel, profile
-from roller.rprogram import RProgram
+from roller.measure.verify import fill_sentinel
+from roller.builder.farm import profile
+from roller.plan.rprogram import RProgram
+from roller.plan.rtile import default_vector_axis
 
 pytestmark = pytest.mark.build
 LEVELS = ("reg", "L1", "L2")
@@ -33,7 +35,7 @@ def setup():
 def prog(expr, reg, l1, l2, packed=()):
     names = [a.name for a in expr.axes]
     return RProgram(levels=LEVELS, tiles=tuple(dict(zip(names, t)) for t in (reg, l1, l2)), grid={}, units=2,
-                    waves=1, vector_axis=expr.vector_axis, packed=packed)
+                    waves=1, vector_axis=default_vector_axis(expr), packed=packed)
 
 
 def good(expr):
@@ -60,7 +62,7 @@ def test_failures_are_isolated_and_the_rest_is_timed(setup):
         # the kept module is the verified kernel
         import tvm
         d = tvm.cpu()
-        out = tvm.runtime.tensor(_fill_sentinel(np.empty_like(ref)), d)
+        out = tvm.runtime.tensor(fill_sentinel(np.empty_like(ref)), d)
         res.module["main"](*[tvm.runtime.tensor(x, d) for x in ins], out)
         np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
     finally:
@@ -78,7 +80,7 @@ def test_reference_from_unscheduled_function_and_save(setup, tmp_path):
     assert not os.path.exists(tmp) and res.library.closed
     import tvm
     d = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty_like(ref)), d)
+    out = tvm.runtime.tensor(fill_sentinel(np.empty_like(ref)), d)
     tvm.runtime.load_module(str(path))["main"](*[tvm.runtime.tensor(x, d) for x in ins], out)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
 
@@ -106,7 +108,7 @@ def test_build_budget_skips_and_stops_slow_candidates(setup):
     are stopped; the model's first plan is built, verified and chosen, and the whole profile stays bounded."""
     import time
 
-    from roller.profile import SKIPPED, STOPPED
+    from roller.builder.farm import SKIPPED, STOPPED
 
     func, expr, ins, ref, dev = setup
     a, b = good(expr)
@@ -125,7 +127,7 @@ def test_build_budget_skips_and_stops_slow_candidates(setup):
 def test_in_process_builds_skip_candidates_not_started_within_the_budget(setup):
     """In this thread (the JIT's background process), a spent budget skips the candidates after the
     model's first plan; the reference (the unscheduled build) is still built and checks it."""
-    from roller.profile import SKIPPED
+    from roller.builder.farm import SKIPPED
 
     func, expr, ins, ref, dev = setup
     a, b = good(expr)
@@ -159,7 +161,7 @@ class _Dev:
 
 
 def test_finalists_include_the_models_first_plan_and_are_timed_alternately():
-    from roller import profile as prof
+    from roller.builder import farm as prof
 
     log: list[int] = []
     n = prof.REPEATS
@@ -180,7 +182,7 @@ def test_finalists_include_the_models_first_plan_and_are_timed_alternately():
 def test_rounds_stop_once_no_challenger_can_win_and_not_before():
     """The rounds left are skipped only where they cannot change the choice: every challenger already
     has a majority of REPEATS rounds in which it was not WIN_MARGIN faster than the first plan."""
-    from roller import profile as prof
+    from roller.builder import farm as prof
 
     n = prof.REPEATS
     log: list[int] = []
@@ -196,7 +198,7 @@ def test_rounds_stop_once_no_challenger_can_win_and_not_before():
 
 
 def _paired(first: list[float], other: list[float]):
-    from roller import profile as prof
+    from roller.builder import farm as prof
 
     kernels = {0: _FakeKernel([first[0]] + first, [], 0), 1: _FakeKernel([other[0]] + other, [], 1)}
     return prof._time_all(kernels, _Dev(), [[]])
@@ -205,7 +207,7 @@ def _paired(first: list[float], other: list[float]):
 def test_a_challenger_must_beat_the_first_plan_round_by_round_by_the_margin():
     """The machine's speed moves by up to 1.6x within seconds (presumably other tenants): the choice compares
     the two plans within each round, where both saw the same speed, not their medians over all rounds."""
-    from roller import profile as prof
+    from roller.builder import farm as prof
 
     assert prof.REPEATS == 5
     slow, fast = 1.6, 1.0
@@ -239,7 +241,7 @@ def test_a_kernel_fast_on_one_placement_only_loses_to_a_steady_one():
     """Depthwise 3x3 dilation 2 on 28x28x256 (2 threads): the first plan ran 20 us on the profile's buffers
     and 40 us on the suite's, the placement of its output against its input deciding. Timed on one
     placement it wins; over several, the plan as fast wherever its buffers land does."""
-    from roller import profile as prof
+    from roller.builder import farm as prof
 
     placements = [["p0"], ["p1"], ["p2"], ["p3"]]
     lucky = _PlacedKernel({"p0": 20e-6, "p1": 40e-6, "p2": 35e-6, "p3": 38e-6})
@@ -256,11 +258,11 @@ def test_placed_copies_sit_at_their_offsets_and_compute_the_same(setup):
     called on each placement matches numpy."""
     import tvm
 
-    from roller.codegen import build
-    from roller.profile import PAGE_BYTES, PLACEMENT_ALIGN, placed_copies, placement_count
+    from roller.targets import build
+    from roller.builder.farm import PAGE_BYTES, PLACEMENT_ALIGN, placed_copies, placement_count
 
     func, expr, ins, ref, dev = setup
-    args = [tvm.runtime.tensor(a) for a in ins] + [tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)))]
+    args = [tvm.runtime.tensor(a) for a in ins] + [tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)))]
     assert placement_count(args) == 4
     placements = placed_copies(args, 4)
     offsets = {tuple(t.data_ptr() % PAGE_BYTES for t in p) for p in placements}
@@ -278,7 +280,7 @@ def test_paired_ratio_cancels_the_speed_a_round_ran_at():
     where the ratio of the two medians is not."""
     import statistics
 
-    from roller.timing import paired_ratio, time_rounds
+    from roller.measure.timing import paired_ratio, time_rounds
 
     # one plan is 2x the other; the machine ran 1.6x slower from round 3 on, and in rounds 3 and 4 it
     # changed speed between the two timings

@@ -1,4 +1,4 @@
-"""Property-based tests: every named operator (roller.ops.OPS, iterated, so operators added later are
+"""Property-based tests: every named operator (roller.tir.ops.OPS, iterated, so operators added later are
 covered too) on random small shapes — sizes of 1, primes, odd channel counts, strides, padding, dilation,
 groups and the operator's options — is built by construction (the model's top-1 plan, no profiling),
 must come back verified, and its module must match the numpy reference again on fresh random inputs,
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import roller
-from roller import ops
+from roller.tir import ops
 from roller.errors import InvalidShapeError
-from roller.profile import TOLERANCE, _fill_sentinel
+from roller.measure.verify import TOLERANCE, fill_sentinel
 
 pytestmark = pytest.mark.build
 
@@ -123,7 +123,7 @@ def check_op(op: str, shape: dict, options: dict, dtype: str, seed: int = 7) -> 
     arrays = spec.inputs(full, dtype, np.random.default_rng(seed))  # not the inputs build_op checked
     ref = spec.reference(arrays, full)
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(_fill_sentinel(np.empty(ref.shape, ref.dtype)), dev)
+    out = tvm.runtime.tensor(fill_sentinel(np.empty(ref.shape, ref.dtype)), dev)
     res.module["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
     rtol, atol = TOLERANCE.get(str(ref.dtype), (0.0, 0.0))
     np.testing.assert_allclose(out.numpy(), ref, rtol=rtol, atol=atol,

@@ -1,17 +1,18 @@
-"""Transposed packs in registers (roller.codegen.transpose): the butterfly transposes, whole blocks of a
+"""Transposed packs in registers (roller.targets.cpu.transpose): the butterfly transposes, whole blocks of a
 linear layer's [N, K] weight are shuffled, an overhanging tile's copy stays scattered, and the model
 counts the two apart. Every kernel is checked against numpy."""
 import numpy as np
 import pytest
 
-from roller import ops
-from roller.api import analyze
-from roller.codegen import build, schedule, transpose
-from roller.construct import construct
-from roller.device import load_device
-from roller.profile import TOLERANCE
-from roller.rtile import layout_expr
-from roller.tails import transposed_elements
+from roller.tir import ops
+from roller.builder.api import analyze
+from roller.targets import build, schedule
+from roller.targets.cpu import transpose
+from roller.targets import construct
+from roller.device.load import load_device
+from roller.measure.verify import TOLERANCE
+from roller.plan.rtile import layout_expr
+from roller.plan.tails import transposed_elements
 
 DEV = load_device("x86-avx512")
 
@@ -79,7 +80,7 @@ def test_disabled_leaves_the_scattered_copy(monkeypatch):
 
 
 def test_model_charges_register_transposes_at_their_own_rate(monkeypatch):
-    from roller import model
+    from roller.plan import cost as model
 
     spec, full, expr, func, arrays = _nt_matmul(dict(M=64, N=256, K=512))
     tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 16, "n": 32, "k": 64}, {"m": 32, "n": 128, "k": 512}]

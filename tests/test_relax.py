@@ -1,4 +1,4 @@
-"""Whole models through Relax (roller.relax, roller.frontend, `roller compile`): outputs against
+"""Whole models through Relax (roller.models.relax_pass, roller.models.frontend, `roller compile`): outputs against
 onnxruntime and numpy, which rule scheduled each fused function, bad models and inputs."""
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import roller  # noqa: E402
-from roller import cli, frontend, tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
-from roller.relax import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
+from roller import cli
+from roller.models import frontend
+from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
+from roller.models.relax_pass import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -124,7 +126,7 @@ def test_roller_schedules_every_function_it_accepts(device):
 
     model = onnx_models.small_cnn(size=16)
     specs = frontend.onnx_inputs(model)
-    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, specs), roller.tvmutil.target_for(device))
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, specs), roller.tir.compile.target_for(device))
     sched = ScheduleModule(device)
     out = sched(mod)
     by = {r.name: r for r in sched.report}
@@ -148,7 +150,7 @@ def test_identical_functions_are_scheduled_once(device):
     model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (8, 32)}, (8, 16),
                    [("w", np.ones((32, 16)))])
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tvmutil.target_for(device))
+                                     roller.tir.compile.target_for(device))
     name = next(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
     mod[tvm.ir.GlobalVar("zz_copy")] = mod[name]
     # (with prepacking a function is the same only with the same constant parameters: the copy has no call)
@@ -404,7 +406,7 @@ def test_verify_declines_a_wrong_schedule(device):
     import tvm
     from tvm import te
 
-    from roller.relax import Rule
+    from roller.models.relax_pass import Rule
 
     a = te.placeholder((16, 64), name="a")
     right = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 1.0, name="b")])
@@ -440,7 +442,7 @@ def test_verify_passes_roller_schedules(device):
 
 
 def test_roller_rule_declines_with_reason(device):
-    from roller.relax import RollerRule
+    from roller.models.relax_pass import RollerRule
     from tvm import te
 
     n = te.var("n", "int64")
@@ -522,13 +524,13 @@ def test_cli_bad_input_one_line(what, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# Row-wise functions with several reductions (roller.rows, roller.codegen.rows)
+# Row-wise functions with several reductions (roller.plan.rows, roller.targets.cpu.rows)
 
 def _fused(model, device):
     import tvm
 
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tvmutil.target_for(device))
+                                     roller.tir.compile.target_for(device))
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
@@ -537,7 +539,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     row on the stack (no workspace allocation a row), exp kept in a buffer computed at the row loop (one
     row of it after compaction), x - max inlined, the division by the sum a multiplication by its
     reciprocal."""
-    from roller.relax import RollerRule
+    from roller.models.relax_pass import RollerRule
 
     model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
     (func,) = _fused(model, device).values()
@@ -570,7 +572,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
 
 
 def test_row_plan_reduction_lanes():
-    from roller.rows import reduction_lanes
+    from roller.plan.rows import reduction_lanes
 
     assert reduction_lanes(768, 16) == 16
     assert reduction_lanes(77, 16) == 11  # 7 x 11: no partial vector, whose predicate compute_at would drop
@@ -581,7 +583,7 @@ def test_row_plan_reduction_lanes():
 def test_row_wise_rule_declines_other_functions_with_reasons(device):
     from tvm import te
 
-    from roller.relax import RollerRule
+    from roller.models.relax_pass import RollerRule
 
     a = te.placeholder((8, 16, 4), name="a")
     k = te.reduce_axis((0, 16), name="k")
@@ -631,7 +633,7 @@ def test_torch_export_path(device):
 # Profiling a whole model: which functions, within a budget
 
 def test_profiling_goes_by_predicted_share_within_budget(device):
-    from roller.relax import MIN_PROFILE_SHARE
+    from roller.models.relax_pass import MIN_PROFILE_SHARE
 
     model = onnx_models.transformer_encoder(2)  # functions called twice, identical ones reused
     cm = roller.compile_model(model, device, profile=True, topk=3, profile_budget=None)
@@ -651,11 +653,11 @@ def test_profiling_goes_by_predicted_share_within_budget(device):
 
 
 def test_call_counts(device):
-    from roller.relax import call_counts
+    from roller.models.relax_pass import call_counts
 
     model = onnx_models.transformer_encoder(2)
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tvmutil.target_for(device))
+                                     roller.tir.compile.target_for(device))
     counts = call_counts(mod)
     assert counts["layer_norm"] == 4, counts  # two per layer, one function
     assert counts["fast_softmax"] == 2, counts
@@ -683,9 +685,9 @@ def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
     built either way matches numpy."""
     import dataclasses
 
-    from roller.frontend import import_onnx, legalize_and_fuse, onnx_inputs
-    from roller.relax import constant_bytes, constants_device
-    from roller.tvmutil import target_for
+    from roller.models.frontend import import_onnx, legalize_and_fuse, onnx_inputs
+    from roller.models.relax_pass import constant_bytes, constants_device
+    from roller.tir.compile import target_for
 
     rng = np.random.default_rng(3)
     x, w = rng.normal(size=(4, 256)).astype(np.float32), rng.normal(size=(256, 512)).astype(np.float32)

@@ -2,9 +2,9 @@
 import pytest
 
 from policy_exprs import conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
-from roller.expr import fuse_axes
-from roller.rtile import (LevelRules, aligned_sizes, axis_step, footprint, next_aligned, padding_waste,
-                          reuse_score, tile_counts, traffic)
+from roller.plan.expr import fuse_axes
+from roller.plan.rtile import (LevelRules, aligned_sizes, axis_step, footprint, next_aligned, padding_waste,
+                               reuse_score, tile_counts, traffic)
 
 DEV = cpu()
 
@@ -124,7 +124,7 @@ def test_axis_fusion_of_17_11_3():
 
 def test_axis_fusion_keeps_matmul_and_fuses_only_what_all_tensors_agree_on():
     assert [a.name for a in fuse_axes(matmul(17, 11, 3)).axes] == ["i", "j", "k"]
-    from roller.expr import REDUCE, SPATIAL, Axis, Expr
+    from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr
     from policy_exprs import acc
     # sum over the last two axes: k1, k2 fuse (adjacent in A, absent from S); i stays
     e = Expr("r", (Axis("i", 4, SPATIAL), Axis("k1", 5, REDUCE), Axis("k2", 6, REDUCE)),
@@ -143,8 +143,8 @@ def test_a_residual_epilogue_streams_at_the_write_back():
     import dataclasses
 
     from policy_exprs import acc
-    from roller.construct import construct
-    from roller.rtile import epilogue_inputs, tile_counts, traffic
+    from roller.targets import construct
+    from roller.plan.rtile import epilogue_inputs, tile_counts, traffic
 
     base = matmul(128, 768, 768)
     residual = dataclasses.replace(base, inputs=base.inputs + (acc("R", (128, 768), {"i": 1}, {"j": 1}),))

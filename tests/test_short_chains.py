@@ -5,10 +5,10 @@ tiles share (``model.halo_bytes``), and L1 tiles that walk slices of a pixel's c
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, matmul, spec_error
-from roller.expr import REDUCE, SPATIAL, Axis, Expr
-from roller.model import (SLICED_LINE_CYCLES, accumulation_chain, accumulator_efficiency, cycle_seconds, estimate,
-                          halo_bytes, sliced_row_seconds, top_step_axis)
-from roller.rtile import LevelRules, tensor_footprint, tile_counts
+from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr
+from roller.plan.cost import (SLICED_LINE_CYCLES, accumulation_chain, accumulator_efficiency, cycle_seconds,
+                              estimate, halo_bytes, sliced_row_seconds, top_step_axis)
+from roller.plan.rtile import LevelRules, tensor_footprint, tile_counts
 
 UNITS = {"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 100.0}, "accumulators_for_peak": 10}
 OVERLAP = cpu(units={**UNITS, "reorder_window": 64})

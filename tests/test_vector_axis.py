@@ -1,14 +1,14 @@
-"""The vector axis is a plan choice (roller.rtile.vector_candidates, ranked by the model): the cases where
+"""The vector axis is a plan choice (roller.plan.rtile.vector_candidates, ranked by the model): the cases where
 a fixed 'most bytes' rule picked a reduction with a tiny register tile, pinned, and built against numpy."""
 import numpy as np
 import pytest
 
-from roller import ops
-from roller.api import analyze, build_op
-from roller.construct import construct
-from roller.device import load_device
-from roller.rtile import LevelRules, exact_axes, footprint, gathers, layout_expr, transposes, vector_candidates
-from roller.tails import partial_sums, rolled_reduce_axes
+from roller.tir import ops
+from roller.builder.api import analyze, build_op
+from roller.targets import construct
+from roller.device.load import load_device
+from roller.plan.rtile import LevelRules, exact_axes, footprint, gathers, layout_expr, transposes, vector_candidates
+from roller.plan.tails import partial_sums, rolled_reduce_axes
 
 from policy_exprs import conv2d_nhwc, cpu, matmul, reduce_rows
 
@@ -95,7 +95,7 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     """The copy into a transposed pack and the fold of partial-sum lanes run before / after the tile's
     compute, not under it: each adds its cycles to every top tile. (N = 248: the last top tile overhangs,
     so the copy is scattered, not transposed in registers.)"""
-    from roller import model
+    from roller.plan import cost as model
 
     e = op_expr("matmul", dict(M=64, N=248, K=512), layout="nt")
     laid = layout_expr(e, "n")
@@ -119,7 +119,7 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
 def test_model_charges_padding_copies_per_element_serially():
     """A convolution's zero-padding stage copied per top tile costs its elements before the tile's compute:
     whole vectors where its rows are (96 channels), one by one where not (84), whatever the traffic."""
-    from roller import model
+    from roller.plan import cost as model
 
     for channels, cycles in ((84, model.STAGE_COPY_CYCLES), (96, model.STAGE_VECTOR_COPY_CYCLES)):
         e = op_expr("conv2d", dict(N=1, H=42, W=42, C=channels, K=channels, R=3, S=3, pad=1))
@@ -197,7 +197,7 @@ def test_grouped_output_axes_never_overhang():
 def test_copy_bytes_charge_the_functions_own_padding_stage():
     """A padded convolution's pad_temp stage runs per top tile over the tile's window region: read and
     written once per tile (depthwise 3x3 on 56x56x144: the stage took ~40% of the kernel's time)."""
-    from roller.tails import copy_bytes
+    from roller.plan.tails import copy_bytes
 
     e = op_expr("depthwise_conv2d", dict(N=1, H=56, W=56, C=144, R=3, S=3, pad=1))
     assert e.staged == ("pad_temp",)
@@ -210,7 +210,7 @@ def test_copy_bytes_charge_packing_the_same_region_again():
     """A plain pack of B is not charged the first time, but the top tiles along m (which does not index
     B) copy the same region again: ViT's 197 x 3072 x 768 fc1 with top tiles of 100 rows packed all of
     B twice, and its first plan ran 6.6 ms against 5.3 ms for 200-row tiles."""
-    from roller.tails import copy_bytes
+    from roller.plan.tails import copy_bytes
 
     e = op_expr("matmul", dict(M=197, N=3072, K=768))
     b = next(t for t in e.inputs if t.name == "B")
@@ -224,8 +224,8 @@ def test_padded_copies_made_once_at_root_run_before_the_kernel_not_under_it():
     """A prime matmul (127 x 251 x 509) padded along m copies A whole at root, a parallel loop of its
     own before the kernel's. Charged as the top level's traffic, under the compute, that plan ranked
     first; the plan predicating m instead ran 1.11-1.34x faster (two threads)."""
-    from roller.model import estimate, launch_seconds, source_bandwidth
-    from roller.tails import copy_bytes, root_copy_bytes
+    from roller.plan.cost import estimate, launch_seconds, source_bandwidth
+    from roller.plan.tails import copy_bytes, root_copy_bytes
 
     e = op_expr("matmul", dict(M=127, N=251, K=509))
     a_bytes, b_bytes = 127 * 509 * 4, 509 * 251 * 4
@@ -254,7 +254,7 @@ def test_window_register_tiles_too_big_to_unroll_keep_the_reduce_loop_rolled():
 
 
 def test_construction_plans_no_register_tile_whose_window_would_spill():
-    from roller.tails import spills_window
+    from roller.plan.tails import spills_window
     # 3x3 conv, h14 x k16 x r3: 16 window broadcasts + 14 accumulators = 30 fit; with two channels (c2) 32 + 14
     # do not, and LLVM unrolls the 3-step r loop that code generation rolls: 1.89 against 1.35 ms (one thread)
     conv = conv2d_nhwc(1, 56, 56, 64, 64, 3, 3)

@@ -1,0 +1,1 @@
+"""Building kernels: constructing plans, compiling candidates in worker processes, checking them against numpy, timing them and reporting."""

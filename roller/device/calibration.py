@@ -1,0 +1,159 @@
+"""A device's calibration file: where it lives, its schema and checks, loading and saving it, and the
+datasheet-against-measured summary. A bad file is ignored with one warning naming it, never fatal.
+
+File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, ``bandwidth_gbps`` {level:
+{"unit": GB/s, "total": GB/s, ...}} (what ``Device.with_calibration`` consumes), plus ``schema``,
+``device``, ``fingerprint``, ``created``, ``seconds``, ``tvm_version``, ``threads``, ``peak_gflops_one``
+(one unit alone), ``peak_gflops_all`` (all units together),
+``small_transfer``, ``sweep``, ``skipped``, ``datasheet`` and ``warnings``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from roller.device.spec import Device
+from roller.errors import CalibrationError
+from roller.output import atomic_write_bytes
+from roller.userdirs import CACHE_ENV, cache_dir
+
+
+SCHEMA = 1
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration file was ignored, or a measured figure looks implausible."""
+
+
+def calibration_path(device: Device) -> Path:
+    """Where ``device``'s calibration lives: ``<cache>/calibration/<name>-<fingerprint>.json``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", device.name) or "device"
+    return cache_dir() / "calibration" / f"{name}-{device.fingerprint or 'nofingerprint'}.json"
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def validate_calibration(data: Any, device: Device | None = None) -> str | None:
+    """What is wrong with a calibration dict (None if usable): schema, fingerprint, figures."""
+    if not isinstance(data, Mapping):
+        return "not a JSON object"
+    if data.get("schema") != SCHEMA:
+        return f"schema {data.get('schema')!r}, this roller reads schema {SCHEMA}"
+    if device is not None and data.get("fingerprint") != device.fingerprint:
+        return (f"it is for fingerprint {data.get('fingerprint')!r}, the device has {device.fingerprint!r} "
+                f"(the hardware or spec changed)")
+    peaks = data.get("peak_gflops")
+    if not isinstance(peaks, Mapping) or not peaks:
+        return "peak_gflops is missing or empty"
+    for dt, v in peaks.items():
+        if not _positive(v):
+            return f"peak_gflops.{dt} is {v!r}, expected a positive number"
+    if data.get("clock_ghz") is not None and not _positive(data["clock_ghz"]):
+        return f"clock_ghz is {data['clock_ghz']!r}, expected a positive number (or none)"
+    bws = data.get("bandwidth_gbps")
+    if not isinstance(bws, Mapping):
+        return "bandwidth_gbps is missing"
+    for lv, m in bws.items():
+        if not isinstance(m, Mapping) or not _positive(m.get("unit")) or not _positive(m.get("total")):
+            return f"bandwidth_gbps.{lv} needs positive 'unit' and 'total' GB/s, got {m!r}"
+        if device is not None and lv not in {x.name for x in device.levels}:
+            return f"bandwidth_gbps.{lv}: the device has no level {lv!r}"
+    return None
+
+
+def load_calibration(device: Device) -> dict | None:
+    """The cached calibration of ``device``, or None when there is none or it is unusable.
+
+    An unreadable, corrupt, truncated, wrong-schema or other-fingerprint file gives one
+    CalibrationWarning naming the file and saying to rerun ``roller calibrate``; never an exception.
+    """
+    path = calibration_path(device)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn_bad(path, f"cannot be read ({e.strerror or e})")
+        return None
+    except UnicodeDecodeError:
+        _warn_bad(path, "is not text (binary garbage: corrupt)")
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        _warn_bad(path, f"is not valid JSON ({e}; truncated or corrupt)")
+        return None
+    problem = validate_calibration(data, device)
+    if problem:
+        _warn_bad(path, problem)
+        return None
+    return data
+
+
+def _warn_bad(path: Path, why: str) -> None:
+    warnings.warn(f"ignoring calibration file {path}: {why}; using datasheet figures, "
+                  f"rerun `roller calibrate` to measure the device again", CalibrationWarning, stacklevel=3)
+
+
+def save_calibration(device: Device, data: Mapping, path: str | os.PathLike | None = None) -> Path:
+    """Writes ``data`` atomically (temp file + os.replace, under a file lock); returns the path.
+
+    Concurrent savers never leave a partial file: each writes its own temp file and the rename is
+    atomic; the lock orders them. CalibrationError if the data is unusable or the folder unwritable.
+    """
+    from filelock import FileLock, Timeout
+
+    problem = validate_calibration(data, None)
+    if problem:
+        raise CalibrationError(f"refusing to save a calibration for {device.name!r}: {problem}")
+    target = Path(path) if path is not None else calibration_path(device)
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(target) + ".lock", timeout=60):
+            atomic_write_bytes(target, text.encode())
+    except Timeout:
+        raise CalibrationError(f"{target}: another process holds {target}.lock for over 60 s; "
+                               f"wait for it or delete the lock file") from None
+    except OSError as e:
+        raise CalibrationError(f"{target}: cannot write the calibration ({e.strerror or e}); "
+                               f"pick a writable --out or set {CACHE_ENV}") from None
+    return target
+
+
+def figures(device: Device) -> dict:
+    """The device's current peaks and bandwidths in the calibration file's shape."""
+    return {"peak_gflops": dict(device.units.peak_gflops),
+            "bandwidth_gbps": {lv.name: {"unit": lv.bandwidth_gbps, "total": lv.total_bandwidth_gbps}
+                               for lv in device.levels}}
+
+
+def calibration_summary(device: Device) -> list[tuple[str, float, float | None]]:
+    """Rows ``(field, datasheet, calibrated)`` for ``device`` (calibrated None when not measured).
+
+    Uses ``device.calibration`` if the device carries one, else its cached calibration if any.
+    """
+    cal = device.calibration
+    if cal is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)  # load_device already warned once
+            cal = load_calibration(device)
+    ds = (cal or {}).get("datasheet") or figures(device)
+    rows: list[tuple[str, float, float | None]] = []
+    peaks = (cal or {}).get("peak_gflops", {})
+    for dt, v in ds["peak_gflops"].items():
+        rows.append((f"peak_gflops.{dt}", float(v), peaks.get(dt)))
+    bws = (cal or {}).get("bandwidth_gbps", {})
+    for lv in device.levels:  # nearest compute first, as the device lists them
+        m = ds["bandwidth_gbps"].get(lv.name) or {"unit": lv.bandwidth_gbps, "total": lv.total_bandwidth_gbps}
+        got = bws.get(lv.name) or {}
+        rows.append((f"bandwidth_gbps.{lv.name}.unit", float(m["unit"]), got.get("unit")))
+        rows.append((f"bandwidth_gbps.{lv.name}.total", float(m["total"]), got.get("total")))
+    return rows

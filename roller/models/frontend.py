@@ -1,0 +1,330 @@
+"""Whole models: import (ONNX, or a Relax IRModule such as ``from_exported_program`` gives), legalize and
+fuse with Relax, schedule every fused function (:mod:`roller.models.relax_pass`), build, run, and compare with
+onnxruntime.
+
+    import roller
+    cm = roller.compile_model("model.onnx", inputs={"x": (1, 3, 224, 224)})
+    outputs = cm.run(cm.random_inputs())        # numpy in, numpy out
+    cm.report                                   # per fused function: which rule, seconds, why
+    cm.export("out/")                           # a library relax.VirtualMachine loads
+
+The Relax steps are TVM's CPU pipeline (``relax.backend.cpu_generic``) split in two: its dispatch and
+legalize passes (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) run first, and
+reshapes that only change the view become runtime reshapes (RewriteDataflowReshape) before scheduling so
+that no copy kernel is scheduled for them; the scheduled module then goes through the pipeline's
+lowering and finalization passes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from roller.device.spec import Device
+from roller.device.load import load_device
+from roller.errors import ModelError
+from roller.models.relax_pass import PROFILE_BUDGET_SECONDS
+from roller.models.relax_steps import build_module, legalize_and_fuse, random_arrays, relax_inputs
+from roller.measure.timing import time_alternately
+
+# Model outputs against onnxruntime: np.allclose(ours, theirs, rtol, atol) per output, by dtype. Looser
+# than a single kernel's check (roller.builder.farm.TOLERANCE): a model chains dozens of reductions whose
+# summation order differs from onnxruntime's.
+MODEL_TOLERANCE = {"float64": (1e-6, 1e-6), "float32": (1e-3, 1e-3), "float16": (2e-2, 2e-2)}
+REPEATS = 7                 # timed repeats (median)
+TARGET_REPEAT_SECONDS = 0.02  # each repeat runs the model about this long
+# pause before each timed repeat: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
+# take the cores from whatever runs next (on 2 cores roller ran ~2x slower right after onnxruntime)
+SETTLE_SECONDS = 0.1
+
+
+@dataclass
+class CompiledModel:
+    """A model compiled for a device. ``report`` holds one :class:`roller.models.relax_pass.FunctionReport` per fused
+    function; ``inputs`` maps each input name to (shape, dtype), in the model's order."""
+
+    executable: Any
+    device: Device
+    name: str
+    inputs: dict[str, tuple[tuple[int, ...], str]]
+    report: list
+    seconds: dict[str, float] = field(default_factory=dict)  # import, legalize, schedule, build, total
+    module: Any = field(default=None, repr=False)  # the scheduled Relax IRModule, before lowering
+    # True where ``executable`` calls kernels of the kernel cache by name (roller.models.function_cache): export then
+    # compiles ``module`` (every scheduled function in place) into one self-contained library
+    calls_cache: bool = False
+    _vm: Any = field(default=None, repr=False)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.seconds.get("total", 0.0)
+
+    def vm(self):
+        """The ``relax.VirtualMachine`` running the model on the CPU (made once; the thread count is the
+        device's cores unless TVM_NUM_THREADS is set)."""
+        if self._vm is None:
+            import tvm
+            from tvm import relax
+
+            from roller.tir.compile import set_threads
+
+            set_threads(self.device.units.count)
+            self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return self._vm
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random arrays for the inputs: floats uniform in [-1, 1), integers in [0, 4), booleans."""
+        return random_arrays(self.inputs, seed)
+
+    def run_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+        """A no-argument callable that runs the model once on ``inputs`` (already on the device)."""
+        import tvm
+
+        vm, dev = self.vm(), tvm.cpu()
+        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.inputs]
+        main = vm["main"]
+        return lambda: main(*args)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The model's outputs (a list, in order) for ``inputs`` (name -> numpy array)."""
+        missing = [n for n in self.inputs if n not in inputs]
+        if missing:
+            raise ModelError(f"{self.name}: no value for input(s) {', '.join(missing)}")
+        return outputs_to_numpy(self.run_fn(inputs)())
+
+    def export(self, directory: str | os.PathLike) -> dict[str, str]:
+        """Writes ``<name>.so`` (load with ``tvm.runtime.load_module`` and run with
+        ``relax.VirtualMachine(lib, tvm.cpu())``) and ``<name>.json`` (the report); returns their paths."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        lib = out / f"{self.name}.so"
+        from roller.tir.compile import export_library, target_for
+        ex = build_module(self.module, target_for(self.device)) if self.calls_cache else self.executable
+        export_library(ex, str(lib))
+        rep = out / f"{self.name}.json"
+        rep.write_text(json.dumps(self.to_dict(), indent=2))
+        return {"library": str(lib), "report": str(rep)}
+
+    def to_dict(self) -> dict:
+        return {"model": self.name, "device": self.device.name, "compile_seconds": self.compile_seconds,
+                "phases": dict(self.seconds),
+                "inputs": {n: {"shape": list(s), "dtype": d} for n, (s, d) in self.inputs.items()},
+                "functions": [r.to_dict() for r in self.report]}
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX in
+
+def load_onnx(model) -> Any:
+    """An ``onnx.ModelProto`` from a path or a ModelProto, checked by ``onnx.checker``; ModelError if the
+    file is missing or does not parse."""
+    try:
+        import onnx
+    except ImportError:
+        raise ModelError("reading ONNX models needs the onnx package: pip install 'roller[models]'") from None
+    if isinstance(model, onnx.ModelProto):
+        proto, where = model, model.graph.name or "model"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such file")
+        try:
+            proto = onnx.load(str(path))
+        except Exception as e:  # protobuf's DecodeError and friends: the file is not an ONNX model
+            raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
+        where = str(path)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"{where}: invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
+    return proto
+
+
+def onnx_inputs(proto, shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each real input of the graph (initializers excluded) -> (static shape, dtype). ``shapes`` sets or
+    overrides shapes by name; a dimension the model fixes must agree, a symbolic one must be given."""
+    from onnx import helper
+
+    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    inits = {i.name for i in proto.graph.initializer}
+    real = [i for i in proto.graph.input if i.name not in inits]
+    names = [i.name for i in real]
+    unknown = [n for n in shapes if n not in names]
+    if unknown:
+        raise ModelError(f"the model has no input named {unknown[0]!r}; its inputs are "
+                         f"{', '.join(_describe_input(i) for i in real)}")
+    out = {}
+    for i in real:
+        tt = i.type.tensor_type
+        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if i.name in shapes:
+            given = shapes[i.name]
+            if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
+                raise ModelError(f"--input {i.name}={'x'.join(map(str, given))} does not fit the model's input "
+                                 f"{_describe_input(i)}")
+            if any(g <= 0 for g in given):
+                raise ModelError(f"--input {i.name}: dimensions must be positive, got {given}")
+            out[i.name] = (given, dtype)
+        elif any(d is None for d in dims):
+            example = "x".join(str(d) if d is not None else "1" for d in dims)
+            raise ModelError(f"input {_describe_input(i)} has symbolic dimensions: give its shape, "
+                             f"e.g. --input {i.name}={example}")
+        else:
+            out[i.name] = (tuple(dims), dtype)
+    return out
+
+
+def _describe_input(i) -> str:
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in i.type.tensor_type.shape.dim]
+    return f"{i.name} ({'x'.join(dims) or 'scalar'})"
+
+
+def import_onnx(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
+    """The Relax IRModule of an ONNX model (weights as constants); ModelError for an operator TVM's ONNX
+    frontend does not import."""
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        return from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
+                         dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+    except tvm.error.OpError as e:  # OpNotImplemented / OpAttributeInvalid...: one line naming the operator
+        raise ModelError(f"unsupported by TVM's ONNX frontend: {str(e).strip().splitlines()[-1]}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile
+
+
+def compile_model(model, device: Device | str | None = None, inputs: Mapping[str, Sequence[int]] | None = None,
+                  profile: bool = False, topk: int = 10, name: str | None = None,
+                  layout: str = "NHWC", fast_math: bool = True, verify: bool = False,
+                  profile_budget: float | None = PROFILE_BUDGET_SECONDS, cache: bool = True,
+                  prepack: bool = True) -> CompiledModel:
+    """Compiles a whole model for ``device`` (default: this machine).
+
+    ``model`` is an ONNX path or ModelProto, or a Relax IRModule (``from_exported_program``'s, with static
+    shapes). ``inputs`` gives shapes by input name (required for symbolic dimensions). ``layout`` is the
+    convolutions' activation layout (:func:`legalize_and_fuse`; NHWC ran a small CNN 2.4x faster than
+    the frontend's NCHW: strided NCHW convolutions gather along the vector axis); ``fast_math`` uses
+    TVM's approximations of erf, exp, tanh and softmax (see :func:`legalize_and_fuse`). Every fused function
+    is scheduled by :class:`roller.models.relax_pass.ScheduleModule`; with ``profile`` roller's functions use the best
+    of their top-``topk`` plans, timed, instead of the model's first plan, the largest predicted share of
+    the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
+    function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
+    With ``prepack`` (the default) the constants (weights) a roller kernel reads are packed once, here, in
+    its plan's tiles, and the kernel reads them packed (:mod:`roller.plan.prepack`), profiled plans too.
+
+    Without ``profile`` and with ``cache`` (the default) every fused function comes from the persistent
+    kernel cache, or is scheduled, compiled alone and stored there (:mod:`roller.models.function_cache`): a second
+    process compiling the same model, or another model sharing functions, loads them instead. The
+    report's ``cache`` says per function "hit" or "miss" (None on the other paths).
+    """
+    import tvm
+
+    from roller.models.relax_pass import ScheduleModule, constants_device
+    from roller.tir.compile import target_for
+
+    t0 = time.perf_counter()
+    dev = device if isinstance(device, Device) else load_device(device)
+    target = target_for(dev)
+    seconds: dict[str, float] = {}
+    if isinstance(model, tvm.IRModule):
+        if inputs:
+            raise ModelError("input shapes are part of a Relax module: give --input only with an ONNX model")
+        mod, specs, label = model, relax_inputs(model), name or "model"
+    else:
+        proto = load_onnx(model)
+        specs = onnx_inputs(proto, inputs)
+        label = name or (Path(model).stem if not hasattr(model, "graph") else (proto.graph.name or "model"))
+        mod = import_onnx(proto, specs)
+    seconds["import"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    mod = legalize_and_fuse(mod, target, layout, fast_math)
+    seconds["legalize"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # planned for where the weights live between calls (memory, where they outgrow the caches)
+    plan_dev = constants_device(mod, dev) if prepack else dev
+    calls_cache = cache and not profile
+    if calls_cache:  # every function from the kernel cache or compiled alone into it
+        from roller.models.function_cache import schedule_and_build
+        ex, report, mod, seconds["build"] = schedule_and_build(mod, plan_dev, verify, prepack)
+        seconds["schedule"] = time.perf_counter() - t - seconds["build"]
+    else:
+        sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
+                               prepack=prepack)
+        mod = sched(mod)
+        report = sched.report
+        seconds["schedule"] = time.perf_counter() - t
+        t = time.perf_counter()
+        ex = build_module(mod, target)
+        seconds["build"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t0
+    return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=report, seconds=seconds,
+                         module=mod, calls_cache=calls_cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run, compare, time
+
+
+def outputs_to_numpy(result) -> list[np.ndarray]:
+    """A VirtualMachine's result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [x for r in result for x in outputs_to_numpy(r)]
+
+
+def onnxruntime_session(proto, threads: int):
+    """An onnxruntime CPU session with ``threads`` intra-op threads (the device's cores, as roller's),
+    its other options at their defaults."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ModelError("comparing with onnxruntime needs it: pip install 'roller[models]'") from None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict:
+    """max_abs_error and whether every output is within MODEL_TOLERANCE of the reference."""
+    if len(ours) != len(reference):
+        return {"max_abs_error": None, "matches": False,
+                "detail": f"{len(ours)} outputs against the reference's {len(reference)}"}
+    err, ok = 0.0, True
+    for a, b in zip(ours, reference):
+        b = np.asarray(b)
+        if a.shape != b.shape:
+            return {"max_abs_error": None, "matches": False, "detail": f"shape {a.shape} against {b.shape}"}
+        rtol, atol = MODEL_TOLERANCE.get(str(b.dtype), (0, 0))
+        if a.size:
+            err = max(err, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+        ok = ok and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+    return {"max_abs_error": err, "matches": ok}
+
+
+def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
+                              repeats: int = REPEATS) -> dict:
+    """Runs ``cm`` and onnxruntime on the same random inputs: max_abs_error, matches (MODEL_TOLERANCE),
+    and with ``time_it`` both latencies (median seconds, timed alternately in this process)."""
+    proto = load_onnx(model)
+    feeds = cm.random_inputs(seed)
+    sess = onnxruntime_session(proto, cm.device.units.count)
+    reference = sess.run(None, feeds)
+    result = compare(cm.run(feeds), reference)
+    if time_it:
+        times = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
+                                 rounds=repeats, target=TARGET_REPEAT_SECONDS, repeats=1, settle=SETTLE_SECONDS)
+        result["latency_seconds"] = times["roller"]
+        result["onnxruntime_latency_seconds"] = times["onnxruntime"]
+    result["tolerance"] = {"rtol_atol_by_dtype": {k: list(v) for k, v in MODEL_TOLERANCE.items()}}
+    return result

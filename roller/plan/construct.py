@@ -1,0 +1,453 @@
+"""Construction: scale up level by level, scale out over the units, rank with the model (no search).
+
+Scale-up (DESIGN.md, the paper's Figure 8): at the level nearest compute, start from the smallest
+aligned tile and grow it along the axis with the best data-reuse score until the next step would not
+fit the level or no step saves traffic; the tile becomes the seed of the next level. A few tiles per
+level go on (the greedy end, then the ends of the same growth with one axis held at the seed, then the
+first compute-bound tile and the step before the end, up to BRANCH), so the levels multiply into a
+small set of plans. Scale-out: the top tiles' grid spreads over the units
+in waves; a plan with fewer tiles than units is rebuilt with one spatial axis bounded ("shrink").
+Plans are ranked with roller.plan.cost; epsilon (the allowed padding waste) grows only when too few exist.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from roller.device.spec import Device
+from roller.errors import InvalidShapeError, UnsupportedExpressionError
+from roller.plan.expr import REDUCE, Expr
+from roller.plan.cost import Estimate, compute_rate, estimate, rank, source_bandwidth, tensor_bytes
+from roller.plan.prepack import prepackable
+from roller.plan.rprogram import RProgram
+from roller.plan.rtile import (LevelRules, default_vector_axis, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint,
+                               level_footprints, exact_axes, layout_expr, next_aligned, packing, packing_bytes,
+                               padding_waste, reuse_score, round_up, tile_counts, traffic, vector_candidates)
+from roller.plan.tails import (inline_options, partial_sums, predicated_axes, spills_window, stack_array,
+                               tail_options, tiling_extents)
+
+EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Plans gathered (epsilon grown) before ranking, whatever topk asks: the first plan of top-1 (no profiling)
+# is then the first of top-10. With the pool at topk, add_relu on 100x3001 stopped at epsilon 0 with
+# one-vector tiles (predicted 124 us, ran 41) where epsilon 0.1 gives a padded plan predicted at 18 us;
+# constructing for 10 took as long as for 1 (8.2 s against 8.1 for the 58 suite cases).
+RANK_POOL = 10
+BRANCH = 4  # tiles per level carried on to the next level
+# Padding along the vector axis a two-vector register tile may add beyond epsilon (scale_up's two_vectors):
+# its last tile is padded or predicated, which the model charges. A 1x1 conv on 42x42x168 -> 168 (one
+# thread) ran 910-1151 us with the 14-pixel x one-vector tile epsilon 0 allowed, 687-707 with 7 x 2 vectors
+# (168 channels in 11 vectors; two-vector tiles pad them to 12, 9%). Suite first plans that moved
+# (ab_first_plans.py, two threads, old/new): that conv 1.24 / 1.27, add_relu on 100x3001 1.09 / 1.05,
+# nas_conv1x1_21_336to336 1.07 / 0.97.
+TWO_VECTOR_WASTE = 0.1
+
+
+@dataclass(frozen=True)
+class Construction:
+    """The ranked plans of one expression on one device, and how long constructing them took."""
+
+    expr: Expr
+    programs: tuple[RProgram, ...]
+    epsilon: float
+    seconds: float
+
+
+def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: float,
+                extents: Mapping[str, int]) -> dict[str, int] | None:
+    """The smallest tile at this level that nests the seed and follows the level's alignment."""
+    tile = {}
+    for a in expr.axes:
+        lower = seed.get(a.name, 1)
+        size = next_aligned(extents[a.name], lower - 1, axis_step(expr, a.name, rules), lower, eps,
+                            exact=a.name in exact_axes(expr))
+        if size is None:
+            return None
+        tile[a.name] = size
+    return tile
+
+
+def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, device: Device,
+                   below_bw_gbps: float, reg: Mapping[str, int]) -> bool:
+    """Whether filling this level costs less time than computing on it (the tile is big enough), at the
+    rate the register tile ``reg`` computes (the model's, accumulator efficiency included)."""
+    compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis) * 1e9)
+    return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
+
+
+def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[str, int]], eps: float,
+             bounds: Mapping[str, int] | None = None, units_floor: int = 1,
+             vector_axis: str | None = None) -> list[dict[str, int]]:
+    """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
+    ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
+
+    Returns up to BRANCH distinct tiles in this order: the greedy end, at level 0 the largest tile on the
+    way whose accumulators make a stack array (where the greedy end's would not and the next level holds
+    the whole reduction), the greedy ends with one axis held at the seed (least traffic first), the first
+    compute-bound tile on the way, the step before the end; and beyond BRANCH, where they are new, at level
+    0 a register tile two vectors wide and at a middle level the tile below grown along the reduction only:
+    shapes the growths pass by that the model ranks first where they run fastest.
+    ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids steps that would leave fewer spatial
+    tiles than that (scale-out needs tiles for every unit). At level 0 a step is refused where the distinct
+    values of a window the register tile slides along no longer fit beside its accumulators
+    (``tails.spills_window``).
+    The score of a step also counts what it saves the level below: a longer reduction here means fewer
+    reloads of the child's output tile.
+    """
+    bounds = bounds or {}
+    if vector_axis is None:
+        vector_axis = default_vector_axis(expr)
+    rules = LevelRules.of(device, index, expr, vector_axis)
+    extents = tiling_extents(expr, vector_axis, rules.lanes)
+    levels = device.private_levels
+    top = index == len(levels) - 1
+    source_gbps = levels[index + 1].bandwidth_gbps if not top else source_bandwidth(expr, device, 1)
+    seed = below_tiles[-1] if below_tiles else {}
+    # along the vector axis, this level tiles the extent the register tile pads it to (a two-vector tile
+    # over an odd count of vectors): that padding is the register tile's, charged by the model, not this
+    # level's. (Along the other axes too, the prime matmul 127 x 251 x 509 moved to top tiles of 4 rows
+    # padded to 128 that ran 0.84-0.87x.)
+    if vector_axis in seed:
+        extents[vector_axis] = round_up(extents[vector_axis], seed[vector_axis])
+    tile = _first_tile(expr, rules, seed, eps, extents)
+
+    # The growths below (the greedy one and one per held axis) meet the same tiles again and again:
+    # footprints and traffic are computed once per tile (construction time went mostly there).
+    memo: dict[tuple, int] = {}
+
+    def cached(kind: str, fn, t: Mapping[str, int]) -> int:
+        key = (kind, *t.values())
+        if key not in memo:
+            memo[key] = fn(t)
+        return memo[key]
+
+    def q(t, parent=None):
+        if parent is None:
+            return cached("q", lambda x: traffic(expr, x, rules), t)
+        return cached("qc" + repr(tuple(parent.values())), lambda x: traffic(expr, x, child_rules, parent), t)
+
+    def f(t):
+        return cached("f", lambda x: footprint(expr, x, rules), t)
+
+    def held(t: dict[str, int]) -> int:
+        """Bytes the tile holds at this level; at the top, with the copies of the inputs it packs."""
+        extra = (cached("p", lambda x: packing_bytes(expr, list(below_tiles) + [x], device, vector_axis), t)
+                 if top and below_tiles else 0)
+        return f(t) + extra
+
+    if tile is None or held(tile) > rules.capacity:
+        return []
+    child_rules = LevelRules.of(device, index - 1, expr, vector_axis) if below_tiles else None
+    registers = levels[0].capacity_bytes // device.units.vector_bytes if device.units.vector_bytes else 0
+    limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
+    steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
+    exact = exact_axes(expr)
+    contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
+    order = {a.name: i for i, a in enumerate(expr.axes)}
+
+    def grow(tile: dict[str, int], frozen: set[str]) -> tuple[list[dict[str, int]], dict[str, int] | None]:
+        """The greedy path from ``tile`` (never growing the axes in ``frozen``) and its first compute-bound
+        tile."""
+        path, first_bound = [tile], None
+        while True:
+            if first_bound is None and _compute_bound(expr, tile, rules, device, source_gbps,
+                                                      below_tiles[0] if below_tiles else tile):
+                first_bound = tile
+            best = fallback = None
+            for a in expr.axes:
+                if a.name in frozen:
+                    continue
+                nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
+                                   a.name in exact)
+                if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
+                    continue
+                grown = {**tile, a.name: nxt}
+                if held(grown) > rules.capacity or (index == 0 and spills_window(expr, grown, vector_axis,
+                                                                                 rules.lanes, registers)):
+                    continue
+                if (units_floor > 1 and a.kind != REDUCE
+                        and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1])):
+                    continue
+                score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules,
+                                    traffic_of=q, footprint_of=f)
+                if score > 0 and (best is None or score > best[0]):
+                    best = (score, grown)
+                elif a.kind != REDUCE and (score == 0 or (score < 0 and not expr.reduce_axes)):
+                    # no reuse along any axis (elementwise; a negative score there is only the padding of
+                    # an overhanging tile): bigger tiles still amortise loop overhead; grow the spatial
+                    # axis contiguous in most tensors (the last such in loop order)
+                    rank = (contiguity[a.name], order[a.name])
+                    if fallback is None or rank > fallback[0]:
+                        fallback = (rank, grown)
+            if best is None and fallback is not None:
+                best = (0.0, fallback[1])
+            if best is None:
+                return path, first_bound
+            tile = best[1]
+            path.append(tile)
+
+    def two_vectors() -> dict[str, int] | None:
+        """A register tile two vectors wide along a spatial vector axis, grown along one other spatial axis
+        (and the reduction) to the largest whose accumulators make a stack array; of those, the least
+        traffic. The growths above reach one vector or four: a 1x1 conv on 14x14x256 -> 1024 (one thread)
+        ran 607 us with 7 pixels x 2 vectors against 715 with the 2 x 2 pixels x 4 vectors chosen before,
+        which the model ties with it (the L1 traffic of 4 pixels, 1.5x higher, stays under the compute)."""
+        if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1:
+            return None
+        width = 2 * rules.lanes
+        if tile[vector_axis] != rules.lanes or vector_axis in exact or extents[vector_axis] < width or (
+                next_aligned(extents[vector_axis], tile[vector_axis], steps[vector_axis], 1, eps, limit) != width
+                and padding_waste(extents[vector_axis], width) > TWO_VECTOR_WASTE):
+            return None
+        start = {**tile, vector_axis: width}
+        others = [a.name for a in expr.spatial_axes if a.name != vector_axis and extents[a.name] > 1]
+        ends = []
+        for keep in others:
+            stack = [t for t in grow(start, {vector_axis, *others} - {keep})[0] if stack_array(expr, t)]
+            if stack and stack[-1] != start:
+                ends.append(stack[-1])
+        return min(ends, key=q, default=None)
+
+    path, first_bound = grow(tile, set())
+    # The greedy choice is myopic (an axis that wins early can use up the level); the same growth with
+    # one axis held at the seed gives the other shapes of the level's tile, for the model to rank. Holding
+    # an axis that has no next size (extent 1, already whole, capped by the bounds) changes nothing: its
+    # growth is the greedy one, not walked again (a third of the growths of a 1x1 convolution).
+    def can_step(a) -> bool:
+        nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
+                           a.name in exact)
+        return nxt is not None and not (a.name in bounds and nxt > bounds[a.name])
+
+    variants = [grow(tile, {a.name})[0][-1] if can_step(a) else path[-1] for a in expr.axes if len(expr.axes) > 1]
+    variants.sort(key=lambda t: traffic(expr, t, rules))
+    picks = [path[-1]] + variants + ([first_bound] if first_bound is not None else []) + path[-2:-3:-1]
+    if index == 0 and expr.reduce_axes:
+        # the largest register tile on the way whose accumulators make a stack array, where they can live
+        # per register tile: the greedy end's would be a workspace buffer (model.WORKSPACE_TILE_CYCLES)
+        stack = [t for t in path if stack_array(expr, t)]
+        if stack and stack[-1] is not path[-1] and _reduction_fits_above(expr, device, stack[-1], vector_axis):
+            picks.insert(1, stack[-1])
+    extra = None  # beyond BRANCH: a shape the growths pass by
+    if index == 0 and expr.reduce_axes:
+        extra = two_vectors()
+    elif index < len(levels) - 1 and expr.reduce_axes:
+        # the tile below grown along the reduction only: one register tile's accumulators per tile, its
+        # reduction chunked here. A 1x1 conv on 14x14x256 -> 1024 with 7 x 2-vector register tiles, one
+        # thread: 607 us with L1 tiles of that shape, 691 with the 14 x 2 pixels the greedy growth reached.
+        extra = grow(tile, {a.name for a in expr.spatial_axes})[0][-1]
+    branch = BRANCH
+    if extra is not None and extra not in picks[:BRANCH]:
+        picks.insert(1, extra)
+        branch += 1
+    out = []
+    for t in picks:
+        if t not in out:
+            out.append(t)
+    return out[:branch]
+
+
+def _reduction_fits_above(expr: Expr, device: Device, reg: Mapping[str, int], vector_axis: str | None) -> bool:
+    """Whether the next level can hold this register tile's whole reduction, the condition for its
+    accumulators to live per register tile (``tails.accumulator_tile``); else they live in a larger tile
+    whatever the register tile's size (a 1000^3 matmul's: the top tile)."""
+    if len(device.private_levels) < 2:
+        return False
+    whole = {a.name: (a.extent if a.kind == REDUCE else reg[a.name]) for a in expr.axes}
+    rules = LevelRules.of(device, 1, expr, vector_axis)
+    return footprint(expr, whole, rules) <= rules.capacity
+
+
+def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
+             vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = (),
+             constants: frozenset[str] = frozenset()) -> RProgram:
+    """The plan with every layout choice the generated code depends on (see RProgram)."""
+    packed, pads = packing(expr, tiles, device, vector_axis, inlined)
+    layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
+    lanes = compute_lanes(expr, device)
+    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants)
+    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
+    grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
+    foot = dict(est.footprint_bytes)
+    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, vector_axis)
+    return RProgram(
+        levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
+        units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
+        padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
+        layouts=layouts, inlined=inlined, prepacked=prepacked,
+        predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
+        footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
+
+
+def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
+           vector_axis: str | None) -> list[list[dict[str, int]]]:
+    """Every combination of the per-level tiles scale_up carries on (depth first, bottom level first)."""
+    n = len(device.private_levels)
+    units = device.units.count
+    out: list[list[dict[str, int]]] = []
+
+    def walk(index: int, acc: list[dict[str, int]]):
+        floor = units if index == n - 1 else 1
+        tiles = scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis)
+        if index == n - 1 and units > 1 and _fits_one_unit(expr, device):
+            # the whole operator on one unit, without the thread pool's start and join
+            # (model.PARALLEL_LAUNCH_CYCLES): for the smallest operators that is most of their time
+            tiles += [t for t in scale_up(expr, device, index, acc, eps, bounds, vector_axis=vector_axis)
+                      if tile_counts(expr, t)[1] == 1 and t not in tiles]
+        for tile in tiles:
+            if index == n - 1:
+                out.append(acc + [tile])
+            else:
+                walk(index + 1, acc + [tile])
+
+    walk(0, [])
+    return out
+
+
+def _fits_one_unit(expr: Expr, device: Device) -> bool:
+    """Whether every tensor of the operator together fits one unit's last private level: the operators
+    small enough that a plan running them on one unit is worth ranking against spreading them."""
+    return tensor_bytes(expr) <= device.private_levels[-1].capacity_bytes
+
+
+def _shrink_bounds(expr: Expr, device: Device) -> list[dict[str, int]]:
+    """One bound per spatial axis that, alone, leaves at least one tile per unit along it."""
+    out = []
+    for a in expr.spatial_axes:
+        if a.extent > 1:
+            out.append({a.name: max(1, ceil_div(a.extent, device.units.count))})
+    return out
+
+
+def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[str, ...] | None = None,
+                       constants: frozenset[str] = frozenset(), limit: int | None = None) -> list[RProgram]:
+    """All plans construction considers at one epsilon, ranked by the model (best first), de-duplicated
+    (the best ``limit`` and each vector axis's best, with ``limit``: ``distinct_programs``).
+    Inputs named in ``constants`` arrive packed in each plan's tiles (``roller.plan.prepack``).
+
+    The vector axis is a choice like the tile sizes: plans are built for every candidate
+    (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
+    layout (``rtile.layout_expr``), and ranked together."""
+    plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...], tuple[str, ...]]] = []
+    ests: list[Estimate] = []
+    for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
+        ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
+        found = _plans(ex, device, epsilon, {}, va)
+        if not found or max(tile_counts(ex, p[-1])[1] for p in found) < device.units.count:  # a unit idle
+            for b in _shrink_bounds(ex, device):
+                found += _plans(ex, device, epsilon, b, va)
+        for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
+            for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
+                for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
+                    plans.append((va, tiles, padded, inlined))
+                    ests.append(estimate(ex, tiles, device, va, padded, inlined, constants))
+    ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds,
+                  lambda x: tile_counts(expr, plans[x[1]][1][0])[0])
+
+    def build(item):
+        est, i = item
+        va, tiles, padded, inlined = plans[i]
+        return _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined, constants)
+    return distinct_programs(ranked, build, lambda item: plans[item[1]][0], limit)
+
+
+def distinct_programs(ranked, build, vector_axis, limit: int | None = None) -> list[RProgram]:
+    """The plans ``build`` makes of the ``ranked`` candidates, in order, each key once: all of them, or the
+    first ``limit`` and then the first of each vector axis (``vector_axis(candidate)``) not among those
+    (construction's epsilon loop wants every vector axis ranked). Making a plan (its packing, layouts,
+    predicates) was 9% of construction when every candidate was made, ten of thousands kept."""
+    seen, axes, out = set(), set(), []
+    for item in ranked:
+        va = vector_axis(item)
+        if limit is not None and len(out) >= limit and va in axes:
+            continue
+        prog = build(item)
+        if prog.key not in seen:
+            seen.add(prog.key)
+            axes.add(va)
+            out.append(prog)
+    return out
+
+
+def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[str] = frozenset(),
+              rules=None) -> Construction:
+    """The top-``topk`` plans for ``expr`` on ``device``. Epsilon grows only while fewer than
+    max(topk, RANK_POOL) plans exist, or while some vector-axis candidate has none yet (its aligned tiles
+    may need a little padding where another candidate's do not: every candidate reaches the model's
+    ranking). ``rules`` enumerates the plans: a module or object with ``vector_candidates(expr)`` and
+    ``enumerate_programs(expr, device, epsilon, axes, constants, limit)``; by default this module's, the
+    cache-hierarchy rules of a CPU (a GPU target passes its own). ``constants`` names inputs that are constants at every call (a model's weights): they are
+    packed once, ahead of the kernel, in the plan's tiles (``RProgram.prepacked``), and the model charges
+    no copy for them."""
+    if topk < 1:
+        raise InvalidShapeError(f"topk must be at least 1, got {topk}")
+    if not device.private_levels:
+        raise UnsupportedExpressionError(f"device {device.name} has no per-unit memory level to tile for")
+    t0 = time.perf_counter()
+    kind = rules if rules is not None else sys.modules[__name__]
+    best: list[RProgram] = []
+    pending = set(kind.vector_candidates(expr))
+    eps = EPSILON_STEPS[0]
+    pool = max(topk, RANK_POOL)
+    for eps in EPSILON_STEPS:
+        axes = None if len(best) < pool else tuple(sorted(pending))
+        progs = kind.enumerate_programs(expr, device, eps, axes, frozenset(constants), limit=pool)
+        keys = {p.key for p in best}
+        best += [p for p in progs if p.key not in keys]
+        pending -= {p.vector_axis for p in progs}
+        if len(best) >= pool and not pending:
+            break
+    if not best:
+        raise UnsupportedExpressionError(
+            f"{expr.name}: no tile fits the device {device.name!r} (even with {EPSILON_STEPS[-1]:.0%} padding); "
+            f"the tensors' smallest tiles exceed the level capacities")
+    best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds,
+                lambda p: tile_counts(expr, p.tiles[0])[0])
+    return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
+                        seconds=time.perf_counter() - t0)
+
+
+def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsilon: float = 0.0,
+                    attempts: int = 2000) -> list[RProgram]:
+    """Up to ``count`` distinct random valid plans (aligned, nested, fitting every level), with the
+    model's predictions: the varied population a model-fidelity study needs (the top-K are alike)."""
+    import random
+
+    rng = random.Random(seed)
+    levels = device.private_levels
+    candidates = vector_candidates(expr) or (None,)
+    seen, out = set(), []
+    for _ in range(attempts):
+        if len(out) >= count:
+            break
+        tiles: list[dict[str, int]] = []
+        ok = True
+        va = rng.choice(candidates)
+        ex = layout_expr(expr, va)
+        extents = tiling_extents(ex, va, compute_lanes(ex, device))
+        for i in range(len(levels)):
+            rules = LevelRules.of(device, i, ex, va)
+            lower = tiles[-1] if tiles else {}
+            limit = max(1, rules.capacity // min(t.elem_bytes for t in ex.tensors))
+            tile = {}
+            for a in ex.axes:
+                sizes = aligned_sizes(extents[a.name], axis_step(ex, a.name, rules), lower.get(a.name, 1), epsilon,
+                                      limit, a.name in exact_axes(ex))
+                if not sizes:
+                    ok = False
+                    break
+                # favour small sizes: the first pick of a log-uniform index
+                tile[a.name] = sizes[min(len(sizes) - 1, int(len(sizes) ** rng.random()) - 1)]
+            if not ok:
+                break
+            tiles.append(tile)
+        if not ok or any(f > lv.usable_bytes for f, lv in zip(level_footprints(ex, tiles, device, va), levels)):
+            continue
+        padded = rng.choice(tail_options(ex, tiles, va, compute_lanes(ex, device)))[0]
+        inlined = rng.choice(inline_options(ex, tiles, va, compute_lanes(ex, device), padded))
+        est = estimate(ex, tiles, device, va, padded, inlined)
+        prog = _program(ex, tiles, device, epsilon, est, va, padded, inlined)
+        if prog.key not in seen:
+            seen.add(prog.key)
+            out.append(prog)
+    return out
