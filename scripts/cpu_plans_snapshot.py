@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same folder)
+from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
 
 
 def dump(device_name: str) -> str:
@@ -25,7 +25,7 @@ def dump(device_name: str) -> str:
     out = {}
     for case in load_cases(SUITE):
         try:
-            spec = _spec(case)
+            spec = case_spec(case)
         except Skip as e:
             out[case.name] = f"skipped: {e}"
             continue
