@@ -20,7 +20,7 @@ import json
 import statistics
 import sys
 
-from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same folder)
+from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
 
 # fields of RProgram.to_dict that describe the model's figures, not the plan
 FIGURES = ("predicted_seconds", "compute_seconds", "memory_seconds", "traffic_bytes", "footprint_bytes",
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     for name in names:
         case = cases[name]
         try:
-            spec = _spec(case)
+            spec = case_spec(case)
         except Skip as e:
             print(f"{name}: skipped ({e})")
             continue

@@ -33,20 +33,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, one definition
 
 
+from benchutil import cpu_seconds, models  # noqa: E402
 from roller.measure.timing import paired_ratio, time_rounds  # noqa: E402
-
-
-def _models():
-    import onnx_models as m
-
-    return {
-        "resnet50": lambda: m.resnet50(),
-        "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like"),
-        "mobilenet_v2": lambda: m.mobilenet_v2(),
-        "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode"),
-        "cnn": lambda: m.small_cnn(size=96, channels=32),
-        "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768),
-    }
 
 
 def _torch_runner(proto, threads: int):
@@ -126,7 +114,6 @@ def bench(name: str, proto, args) -> dict:
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
         impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
     if threads == 1:  # everything runs on this thread: its CPU time leaves out the other jobs on the machine
-        from model_breakdown import cpu_seconds
         rounds = time_rounds(impls, rounds=args.rounds, measure=lambda fn: cpu_seconds(fn, 0.2))
     else:
         rounds = time_rounds(impls, rounds=args.rounds, target=0.05, repeats=3)
@@ -179,7 +166,7 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(_models()))
+    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(models()))
     p.add_argument("--device", default=None)
     p.add_argument("--profile", action="store_true", help="also compile with top-K profiling (minutes)")
     p.add_argument("--topk", type=int, default=10)
@@ -196,7 +183,7 @@ def main(argv=None) -> int:
                         "this thread's CPU time per run, steadier on a shared machine")
     p.add_argument("--out", default="build/bench_models")
     args = p.parse_args(argv)
-    makers = _models()
+    makers = models()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in makers]
     if unknown:

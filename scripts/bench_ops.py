@@ -30,6 +30,7 @@ import numpy as np
 
 from benchutil import openblas_info, peers, time_alternately
 
+SMOKE = [("add_relu", {"M": 64, "N": 256})]
 CASES = [
     ("matmul", {"M": 1024, "N": 1024, "K": 1024}),
     ("batch_matmul", {"B": 8, "M": 256, "N": 256, "K": 256}),
@@ -44,6 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ops", default=None, help="comma-separated operator names (default: all)")
+    ap.add_argument("--smoke", action="store_true", help="one tiny case (add_relu 64x256, top-1): the CI check")
     args = ap.parse_args(argv)
 
     import tvm
@@ -67,12 +69,12 @@ def main(argv=None) -> int:
         print("torch not installed: PyTorch column skipped", file=sys.stderr)
     print("threads: " + "; ".join(threads), flush=True)
     wanted = set(args.ops.split(",")) if args.ops else None
-    for op, shape in CASES:
+    for op, shape in (SMOKE if args.smoke else CASES):
         if wanted and op not in wanted:
             continue
         spec = ops.OPS[op]
         full = ops.validate_shape(op, shape, "float32")
-        res = roller.build_op(op, full, device=device)
+        res = roller.build_op(op, full, device=device, **({"profile": False} if args.smoke else {}))
         arrays = spec.inputs(full, "float32", np.random.default_rng(1))
         ref = spec.reference(arrays, full)
         rtol, atol = TOLERANCE["float32"]

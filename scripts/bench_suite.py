@@ -108,7 +108,8 @@ class Case:
         return ",".join(f"{k}={v}" for k, v in self.options.items())
 
 
-def _pairs(text: str, where: str, integer: bool) -> dict:
+def parse_pairs(text: str, where: str, integer: bool) -> dict:
+    """``K=V,K=V`` as a dict (values as ints with ``integer``); exits naming ``where`` on a bad pair."""
     out = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = (s.strip() for s in item.partition("="))
@@ -136,8 +137,8 @@ def load_cases(path: Path) -> list[Case]:
         if row["case"] in seen:
             raise SystemExit(f"{where}: the case name is used twice")
         seen.add(row["case"])
-        cases.append(Case(row["case"], row["op"].strip(), _pairs(row["shape"], where, True),
-                          _pairs(row["options"] or "", where, False), (row["network"] or "").strip()))
+        cases.append(Case(row["case"], row["op"].strip(), parse_pairs(row["shape"], where, True),
+                          parse_pairs(row["options"] or "", where, False), (row["network"] or "").strip()))
     return cases
 
 
@@ -145,7 +146,7 @@ class Skip(Exception):
     """The case uses an operator or option roller does not have (yet)."""
 
 
-def _spec(case: Case):
+def case_spec(case: Case):
     """The OpSpec of the case with its options set; Skip when roller lacks the operator or option."""
     from roller.tir import ops
     from roller.errors import InvalidShapeError
@@ -243,7 +244,7 @@ def run_case(case: Case, device, args, probe: SpeedProbe | None = None) -> Row:
 
     row = Row(case)
     try:
-        spec = _spec(case)
+        spec = case_spec(case)
         res1 = _build(case, device, profile=False)
         resk = _build(case, device, topk=args.topk)
     except Skip as e:

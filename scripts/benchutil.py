@@ -2,7 +2,7 @@
 here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of
 roller's named operators, and which OpenBLAS kernel numpy runs.
 
-Imported by scripts/bench_ops.py, scripts/bench_suite.py and scripts/bench_matmul.py (run as
+Imported by the benchmark scripts (bench_ops, bench_suite, bench_models, model_breakdown, prepack_ab, ...; run as
 ``python scripts/NAME.py``, which puts scripts/ on sys.path).
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,6 +19,37 @@ import numpy as np
 
 
 from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
+
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+
+
+def models() -> dict:
+    """{name: maker of the ONNX model} of the whole-model scripts (bench_models, model_breakdown,
+    prepack_ab): tests/onnx_models.py's models at benchmark sizes, random weights, nothing downloaded."""
+    if TESTS not in sys.path:
+        sys.path.insert(0, TESTS)  # onnx_models: the test models, one definition
+    import onnx_models as m
+
+    return {
+        "resnet50": lambda: m.resnet50(),
+        "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like"),
+        "mobilenet_v2": lambda: m.mobilenet_v2(),
+        "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode"),
+        "cnn": lambda: m.small_cnn(size=96, channels=32),
+        "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768),
+    }
+
+
+def cpu_seconds(fn, target: float) -> float:
+    """Seconds of this thread's CPU time per call of ``fn``, over calls for about ``target`` CPU seconds
+    (after one warm-up call)."""
+    fn()
+    n, t0 = 0, time.thread_time()
+    while time.thread_time() - t0 < target or n < 2:
+        fn()
+        n += 1
+    return (time.thread_time() - t0) / n
+
 
 def last_cache_bytes() -> int:
     """Bytes of this machine's last-level cache as Linux reports it (0 where it does not). Not the device

@@ -81,12 +81,12 @@ def main() -> None:
     from roller.plan.cost import estimate
     from roller.targets import construct
 
-    from bench_suite import _pairs
+    from bench_suite import parse_pairs
     from benchutil import ColdTimer, checked_plan, peers
 
     device = roller.load_device()
-    spec = ops.OPS[args.op].with_options(**_pairs(args.options, "--options", False))
-    shape = spec.full_shape(_pairs(args.shape, "shape", True))
+    spec = ops.OPS[args.op].with_options(**parse_pairs(args.options, "--options", False))
+    shape = spec.full_shape(parse_pairs(args.shape, "shape", True))
     expr, func = analyze(spec.make(shape))
     constants = frozenset(filter(None, args.constants.split(",")))
     unknown = constants - {t.name for t in expr.inputs}

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from bench_suite import SUITE, _spec, Skip, load_cases  # noqa: E402  (same folder)
+from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
 
 
-def dump(device_name: str) -> str:
+def dump(device_name: str, cases: str | None = None) -> str:
     from roller.builder import api
     from roller import load_device
 
     device = load_device(device_name)
     out = {}
     for case in load_cases(SUITE):
+        if cases and not re.search(cases, case.name):
+            continue
         try:
-            spec = _spec(case)
+            spec = case_spec(case)
         except Skip as e:
             out[case.name] = f"skipped: {e}"
             continue
@@ -41,8 +44,9 @@ def main(argv=None) -> int:
     group.add_argument("--write", metavar="JSON", help="write the dump here")
     group.add_argument("--check", metavar="JSON", help="compare with the dump written here before")
     ap.add_argument("--device", default="host", help="host (default), a shipped CPU spec or a YAML path")
+    ap.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches (a quick check)")
     args = ap.parse_args(argv)
-    text = dump(args.device)
+    text = dump(args.device, args.cases)
     if args.write:
         Path(args.write).write_text(text)
         print(f"wrote {args.write} ({len(json.loads(text))} cases)")

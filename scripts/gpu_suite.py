@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from bench_suite import SUITE, Skip, _spec, load_cases  # noqa: E402  (same folder)
+from bench_suite import SUITE, Skip, case_spec, load_cases  # noqa: E402  (same folder)
 
 
 def _measure(func, expr, programs, device, runtime, inputs, reference):
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         if args.cases and not re.search(args.cases, case.name):
             continue
         try:
-            spec = _spec(case)
+            spec = case_spec(case)
         except Skip as e:
             print(f"{case.name:<28} skipped: {e}")
             continue

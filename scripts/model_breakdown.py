@@ -46,8 +46,7 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 
-from bench_models import _models  # noqa: E402
-from benchutil import ColdTimer  # noqa: E402
+from benchutil import ColdTimer, cpu_seconds, models  # noqa: E402
 from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: E402
 
 # Anchor kinds: roller's fused-function names start with TVM's operator name, ONNX nodes have op types
@@ -83,17 +82,6 @@ def roller_kind(name: str) -> str | None:
         if op in ROLLER_KIND:
             return ROLLER_KIND[op]
     return None
-
-
-def cpu_seconds(fn, target: float) -> float:
-    """Seconds of this thread's CPU time per call of ``fn``, over calls for about ``target`` CPU seconds
-    (after one warm-up call)."""
-    fn()
-    n, t0 = 0, time.thread_time()
-    while time.thread_time() - t0 < target or n < 2:
-        fn()
-        n += 1
-    return (time.thread_time() - t0) / n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +268,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     dev = roller.load_device(device)
     threads = threads or dev.units.count
     set_threads(threads)  # (unless TVM_NUM_THREADS is set)
-    proto = _models()[model]()
+    proto = models()[model]()
     cm = roller.compile_model(proto, dev, name=model, cache=False)  # every function in the one library
     funcs, calls = roller_functions(cm)
     prof = OrtProfile(proto, threads)
@@ -387,7 +375,7 @@ def table(res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="mobilenet_v2", help="one of: " + ", ".join(_models()))
+    p.add_argument("--model", default="mobilenet_v2", help="one of: " + ", ".join(models()))
     p.add_argument("--device", default=None)
     p.add_argument("--rounds", type=int, default=5, help="timing rounds over all functions (median)")
     p.add_argument("--ort-runs", type=int, default=20, help="profiled onnxruntime runs (median per node)")
@@ -399,8 +387,8 @@ def main(argv=None) -> int:
                    help="also time each function alone on cold caches (benchutil.ColdTimer: 3 calls a round, "
                         "each after a write of twice the last cache): neither weights nor activations cached")
     args = p.parse_args(argv)
-    if args.model not in _models():
-        p.error(f"unknown model {args.model!r}; choose from {', '.join(_models())}")
+    if args.model not in models():
+        p.error(f"unknown model {args.model!r}; choose from {', '.join(models())}")
     t = time.perf_counter()
     if args.threads:
         os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))

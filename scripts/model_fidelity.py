@@ -105,13 +105,13 @@ def time_all(mods: dict, args, rounds: int) -> dict[int, float]:
     import tvm
 
     from roller.measure.finalists import REPEATS
-    from roller.builder.farm import _time
+    from roller.builder.farm import time_module
 
     dev = tvm.cpu()
     times: dict[int, list[float]] = {i: [] for i in mods}
     for _ in range(rounds):
         for i, mod in mods.items():
-            times[i].append(_time(mod, dev, args, repeats=REPEATS))
+            times[i].append(time_module(mod, dev, args, repeats=REPEATS))
     return {i: float(np.median(t)) for i, t in times.items()}
 
 

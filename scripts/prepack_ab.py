@@ -24,9 +24,8 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM's thread pool starts
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from bench_models import _models  # noqa: E402
-from benchutil import ColdTimer  # noqa: E402
-from model_breakdown import cpu_seconds, roller_functions  # noqa: E402
+from benchutil import ColdTimer, cpu_seconds, models  # noqa: E402
+from model_breakdown import roller_functions  # noqa: E402
 
 def cold_seconds(fn, cold: ColdTimer, calls: int = 15) -> float:
     """Median thread CPU seconds of ``fn`` called on cold caches."""
@@ -35,7 +34,7 @@ def cold_seconds(fn, cold: ColdTimer, calls: int = 15) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet50", help="one of: " + ", ".join(_models()))
+    p.add_argument("--model", default="resnet50", help="one of: " + ", ".join(models()))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prefetch", action="store_true",
                    help="compare prepacked kernels with and without the prefetch of the next top tile's weights "
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
     from roller.targets.cpu import prefetch
 
     dev = roller.load_device()
-    proto = _models()[args.model]()
+    proto = models()[args.model]()
     cms = {}
     for k in (True, False):
         prefetch.ENABLED = k or not args.prefetch

@@ -69,7 +69,7 @@ def worker(args) -> int:
                          "build_seconds": kernel.result.report.get("build_seconds")})
         time.sleep(args.gap)
     result = {"index": args.index, "requests": requests, "kernels": dyn.kernels(), "pid": os.getpid(),
-              "profiled_held": sum(dyn.kernel(dict(k)).tier == "profiled" for k in dyn._kernels), **setup}
+              "profiled_held": sum(dyn.kernel(b).tier == "profiled" for b in dyn.held()), **setup}
     jit.close()
     with open(args.out, "w") as f:
         json.dump(result, f)

@@ -33,7 +33,7 @@ from roller.errors import BuildError
 from roller.plan.expr import Expr
 from roller.plan.cost import PAGE_BYTES
 from roller.plan.rprogram import RProgram
-from roller.measure.finalists import SCREEN_SECONDS, TARGET_MEASURE_SECONDS, Timing, time_finalists
+from roller.measure.finalists import REPEATS, SCREEN_SECONDS, TARGET_MEASURE_SECONDS, Timing, time_finalists
 from roller.measure.verify import TOLERANCE, check_inputs, fill_sentinel, wrong_result
 
 # Buffer placements every timed repeat spreads its calls over (placed_copies): a kernel's speed can depend on
@@ -484,6 +484,13 @@ def _placed_timers(mod, dev, placements, targets: Sequence[float]) -> list[Calla
         ev = mod.time_evaluator("main", dev, number=number, repeat=1)
         return lambda: statistics.fmean(float(ev(*args).results[0]) for args in used)
     return [timer(t) for t in targets]
+
+
+def time_module(mod, dev, args, repeats: int = REPEATS) -> float:
+    """Median seconds of one call of ``mod["main"](*args)`` over ``repeats`` repeats of
+    ~TARGET_MEASURE_SECONDS of calls each, on these buffers only (the timer :func:`profile` uses, one placement)."""
+    timer = _placed_timers(mod, dev, [args], (TARGET_MEASURE_SECONDS,))[0]
+    return float(np.median([timer() for _ in range(repeats)]))
 
 
 def _time_all(modules: dict, dev, placements) -> Timing:

@@ -215,6 +215,11 @@ class DynamicKernel:
         """How many bucket kernels this function holds."""
         return len(self._kernels)
 
+    def held(self) -> list[dict[str, int]]:
+        """The bucket values of the kernels this function holds (a snapshot)."""
+        with self._lock:
+            return [dict(k) for k in self._kernels]
+
     def output_shape(self, values: dict[str, int]) -> tuple[int, ...]:
         """The output's shape for these values of the symbolic dims."""
         dims = self._dims[-1]

@@ -1,0 +1,133 @@
+"""Every script in scripts/ runs, in a smoke form: the smallest meaningful arguments, exit code 0 and a line
+that shows it did its work. A new script without an entry in SMOKE fails test_every_script_has_a_smoke_run.
+
+scripts/benchutil.py is the scripts' library: it is tested through its users. Scripts that need what this
+machine may lack (a CUDA toolchain, PyTorch) run ``--help`` and are skipped, naming what is missing."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+LIBRARIES = {"benchutil"}  # imported by the scripts, not run
+CASE = "bert_rowsum_128x768"  # a small suite case: one 128x768 row sum
+
+# name -> (arguments (TMP: a temporary folder), regular expression the output must contain, slow)
+SMOKE: dict[str, tuple[list[str], str, bool]] = {
+    "ab_first_plans": (["TMP/plans.json", "TMP/plans.json", CASE, "--rounds", "1"], r"old/new paired \d", True),
+    "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
+    "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--out", "TMP/bm"], r"\| cnn", True),
+    "bench_ops": (["--smoke", "--rounds", "1"], r"add_relu", True),
+    "bench_rows": (["--cases", "^softmax", "--rounds", "1"], r"softmax", True),
+    "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs"], CASE, True),
+    "bucket_cost": (["--k", "64", "--n", "64", "--max-seq", "16", "--rounds", "1"], r"ratio|median", True),
+    "cache_latency": (["--shape", "M=64,N=64,K=64", "--calls", "3"], r"median|us|ms", True),
+    "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch"], r"\d", True),
+    "core_speeds": (["--seconds", "1", "--bucket", "0.5"], r"\d", False),
+    "cpu_plans_snapshot": (["--check", "TMP/plans.json", "--cases", CASE], r"identical: 1 cases", False),
+    "gpu_matmul_vs_dlight": (["--shape", "256,256,256", "--topk", "1"], r"dlight", True),
+    "gpu_suite": (["--cases", CASE, "--topk", "1"], CASE, False),
+    "model_breakdown": (["--model", "cnn", "--rounds", "1", "--ort-runs", "1"], r"conv", True),
+    "model_fidelity": (["--quick", "--shapes", "add_relu", "--samples", "2", "--topk", "2", "--rounds", "1"],
+                       r"mean Spearman", True),
+    "prepack_ab": (["--model", "cnn", "--rounds", "1"], r"\d", True),
+    "residency": (["--n", "256", "--rows", "8,16", "--rounds", "1"], r"\d", True),
+    "serve_sim": (["--procs", "1", "--seconds", "1", "--max-seq", "16", "--k", "32", "--n", "32", "--topk", "1"],
+                  r"requests: \d+", True),
+    "torch_eager": ([], "", False),  # a library of bench_models' PyTorch column: needs torch
+}
+# scripts that need something this machine may lack: name -> a function returning why (None: nothing lacks)
+
+
+def _no_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        return f"PyTorch is not installed ({e})"
+    return None
+
+
+def _no_cuda_toolchain():
+    from roller.targets.cuda import toolchain
+
+    reason = toolchain.missing()
+    return f"no CUDA toolchain: {reason}" if reason else None
+
+
+NEEDS = {"torch_eager": _no_torch, "gpu_matmul_vs_dlight": _no_cuda_toolchain}
+
+
+def run(name: str, args: list[str], tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    args = [a.replace("TMP", str(tmp)) for a in args]
+    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_script_has_a_smoke_run():
+    names = {p.stem for p in SCRIPTS.glob("*.py")} - LIBRARIES
+    assert names == set(SMOKE), f"scripts without a smoke run: {sorted(names - set(SMOKE))}; " \
+                                f"entries without a script: {sorted(set(SMOKE) - names)}"
+
+
+def test_no_private_or_mutual_imports():
+    scripts = {p.stem for p in SCRIPTS.glob("*.py")}
+    imports: dict[str, set[str]] = {}
+    for p in SCRIPTS.glob("*.py"):
+        text = p.read_text()
+        assert not re.search(r"from roller[\w.]* import .*\b_[a-z]", text), f"{p.name} imports a private name"
+        assert not re.search(r"from \w+ import .*\b_[a-z]\w*", text), f"{p.name} imports a private name"
+        assert not re.search(r"\b(dyn|roller[\w.]*)\._[a-z]", text), f"{p.name} uses a private attribute"
+        imports[p.stem] = {m for m in re.findall(r"^\s*(?:from|import) (\w+)", text, re.M) if m in scripts}
+    for a, deps in imports.items():
+        for b in deps:
+            assert a not in imports.get(b, ()), f"{a} and {b} import each other"
+
+
+@pytest.mark.parametrize("name", ["bench_suite", "bench_models", "model_fidelity", "compare_plans"])
+def test_user_scripts_help(name, tmp_path):
+    r = run(name, ["--help"], tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+    doc = (SCRIPTS / f"{name}.py").read_text().split('"""')[1]
+    assert f"scripts/{name}.py" in doc, f"{name}'s docstring does not say how to run it"
+
+
+@pytest.fixture(scope="module")
+def plans_snapshot(tmp_path_factory):
+    """One case's plan snapshot (cpu_plans_snapshot --write), read by its --check and by ab_first_plans."""
+    tmp = tmp_path_factory.mktemp("snapshot")
+    r = run("cpu_plans_snapshot", ["--write", "TMP/plans.json", "--cases", CASE], tmp)
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout and "(1 cases)" in r.stdout
+    return tmp
+
+
+def _params():
+    for name, (_, _, slow) in sorted(SMOKE.items()):
+        yield pytest.param(name, marks=[pytest.mark.build] if slow else [])
+
+
+@pytest.mark.parametrize("name", _params())
+def test_smoke(name, tmp_path, request):
+    args, expect, _ = SMOKE[name]
+    if any("plans.json" in a for a in args):
+        tmp_path = request.getfixturevalue("plans_snapshot")
+    need = NEEDS.get(name)
+    reason = need() if need else None
+    if reason:
+        if name in LIBRARIES or name == "torch_eager":
+            pytest.skip(reason)
+        r = run(name, ["--help"], tmp_path, timeout=60)
+        assert r.returncode == 0, r.stderr
+        pytest.skip(f"--help only: {reason}")
+    r = run(name, args, tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(expect, out), out[-3000:]
