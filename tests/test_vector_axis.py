@@ -96,13 +96,14 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     compute, not under it: each adds its cycles to every top tile. (N = 248: the last top tile overhangs,
     so the copy is scattered, not transposed in registers.)"""
     from roller.plan import cost as model
+    from roller.plan import overheads
 
     e = op_expr("matmul", dict(M=64, N=248, K=512), layout="nt")
     laid = layout_expr(e, "n")
     tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 16, "n": 32, "k": 64}, {"m": 32, "n": 128, "k": 512}]
     with_copy = model.estimate(laid, tiles, DEV, "n")
     cycles = model.TRANSPOSE_CYCLES
-    monkeypatch.setattr(model, "TRANSPOSE_CYCLES", 0.0)
+    monkeypatch.setattr(overheads, "TRANSPOSE_CYCLES", 0.0)
     without = model.estimate(laid, tiles, DEV, "n")
     per_tile = 128 * 512 * cycles * model.cycle_seconds(DEV)  # the top tile's [K, N] region of B, once
     assert with_copy.seconds - without.seconds == pytest.approx(with_copy.waves * per_tile, rel=1e-6)
@@ -110,7 +111,7 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     tiles = [{"m": 2, "n": 2, "k": 16}, {"m": 4, "n": 8, "k": 128}, {"m": 32, "n": 64, "k": 512}]
     folded = model.estimate(e, tiles, DEV, "k")
     cycles = model.FOLD_CYCLES
-    monkeypatch.setattr(model, "FOLD_CYCLES", 0.0)
+    monkeypatch.setattr(overheads, "FOLD_CYCLES", 0.0)
     unfolded = model.estimate(e, tiles, DEV, "k")
     per_tile = 32 * 64 * 16 * cycles * model.cycle_seconds(DEV)  # every output's 16 lanes
     assert folded.seconds - unfolded.seconds == pytest.approx(folded.waves * per_tile, rel=1e-6)
