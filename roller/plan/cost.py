@@ -15,22 +15,22 @@ Beyond the paper's terms the model charges what the generated code does (``rolle
 whole vectors (padding included), the copies of padded plans and transposed packs as traffic through
 the top level (a padded input copied once, whole, at root instead: a parallel loop of its own before the
 kernel's, its bytes at the data's bandwidth plus a launch, ``tails.root_copy_bytes``), transposed packs
-also at their element rate before the tile's compute (TRANSPOSE_CYCLES, or REGISTER_TRANSPOSE_CYCLES
+also at their element rate before the tile's compute (device.model.transpose_cycles, or device.model.register_transpose_cycles
 for whole blocks transposed in registers), the lanes of partial sums folded one by one at the write-back
-(FOLD_CYCLES), a predicated vector axis's partial last vector as its
+(device.model.fold_cycles), a predicated vector axis's partial last vector as its
 power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
 and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), output lines
-two units write where they split the output's contiguous rows inside a line (FALSE_SHARING_SECONDS), a
+two units write where they split the output's contiguous rows inside a line (device.model.false_sharing_seconds), a
 register tile with too few accumulators below peak (unless its accumulation chain is short enough for the
 out-of-order window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
 consecutive top tiles share in the cache (``halo_bytes``), a reduction that cannot keep vector partial
-sums at scalar speed, the bounds checks of a padding stage the plan inlines (INLINE_CHECK_CYCLES) instead
+sums at scalar speed, the bounds checks of a padding stage the plan inlines (device.model.inline_check_cycles) instead
 of copying it, the bandwidth short strided rows lose at the top level (the calibrated small-transfer
 efficiency, ``short_row_bytes``), the misses of inputs read on more strided streams than the hardware
-prefetcher follows (UNTRACKED_LINE_CYCLES), the lines of broadcast operands whose register-tile loads read
-runs side by side in one page (INTERLEAVED_LINE_CYCLES), the accumulators a plan that splits its reduction moves
-through memory between the chunks (ACCUMULATOR_CYCLES), and the copies a repeating stage (a grouped
-convolution's group_rep) writes, at their element rate (REPLICATE_CYCLES) rather than as traffic from below.
+prefetcher follows (device.model.untracked_line_cycles), the lines of broadcast operands whose register-tile loads read
+runs side by side in one page (device.model.interleaved_line_cycles), the accumulators a plan that splits its reduction moves
+through memory between the chunks (device.model.accumulator_cycles), and the copies a repeating stage (a grouped
+convolution's group_rep) writes, at their element rate (device.model.replicate_cycles) rather than as traffic from below.
 """
 from __future__ import annotations
 
@@ -41,34 +41,25 @@ from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
 # the estimate's terms, the ranking and the data's residency live in their own modules; their names are
 # re-exported here, where callers have imported them from
-from roller.plan.overheads import (DEFAULT_CLOCK_GHZ, FALSE_SHARING_SECONDS, FOLD_CYCLES, INLINE_CHECK_CYCLES,  # noqa: F401
-                                   INTERLEAVED_LINE_CYCLES, INTERLEAVED_MIN_RUN_LINES, PAGE_BYTES,
-                                   PARALLEL_LAUNCH_CYCLES, PREFETCH_RUN_BYTES, REGISTER_TRANSPOSE_CYCLES,
-                                   REPLICATE_CYCLES, SLICED_LINE_CYCLES, STAGE_COPY_CYCLES, STAGE_VECTOR_COPY_CYCLES,
-                                   TILE_OVERHEAD_CYCLES, TRANSPOSE_CYCLES, UNTRACKED_LINE_CYCLES,
-                                   WORKSPACE_TILE_CYCLES, broadcast_run, cycle_seconds, false_sharing_seconds,
-                                   fold_seconds, halo_bytes, inline_check_seconds, interleaved_run_seconds,
-                                   launch_seconds, repeated_fill_bytes, replicate_seconds, short_row_bytes,
-                                   sliced_row_seconds, stage_copy_seconds, tile_overhead, top_step_axis,
-                                   transpose_seconds, untracked_stream_seconds, workspace_seconds)
+from roller.plan.overheads import (DEFAULT_CLOCK_GHZ, PAGE_BYTES, broadcast_run, cycle_seconds,  # noqa: F401
+                                   false_sharing_seconds, fold_seconds, halo_bytes, inline_check_seconds,
+                                   interleaved_run_seconds, launch_seconds, repeated_fill_bytes, replicate_seconds,
+                                   short_row_bytes, sliced_row_seconds, stage_copy_seconds, tile_overhead,
+                                   top_step_axis, transpose_seconds, untracked_stream_seconds, workspace_seconds)
 from roller.plan.prepack import prepackable
 from roller.plan.ranking import TIE, Estimate, rank  # noqa: F401
-from roller.plan.residency import (BALANCE_MIN_SECONDS, RESIDENT_FULL, RESIDENT_NONE, balances,  # noqa: F401
-                                   data_source, imbalance_seconds, memory_bound, private_fill, resident_share,
-                                   shared_source, source_bandwidth, tensor_bytes, unit_bandwidth)
+from roller.plan.residency import (balances, data_source, imbalance_seconds, memory_bound,  # noqa: F401
+                                   private_fill, resident_share, shared_source, source_bandwidth, tensor_bytes,
+                                   unit_bandwidth)
 from roller.plan.rtile import (LevelRules, ceil_div, compute_lanes, default_vector_axis, layout_expr, level_footprints,
                                packing, round_up, tensor_footprint, tile_counts, traffic)
 from roller.plan.tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, root_copy_bytes, serial_tail,
                                tail_compute_factor, tail_options, tiling_extents)
 
 
-# Share of the L1's calibrated read bandwidth (a stream of whole-vector loads) that a register tile's loads
-# reach between its FMAs: the register level's traffic is charged at it. One thread, a 1x1 conv on
-# 42x42x168 -> 168: 14 pixels x one vector (15 loads a step for 14 FMAs) ran 910-1151 us, 7 x 2 vectors
-# (9 loads for 14) 687-707; at 0.75 the first is load-bound at 1.65x the second, which just stays
-# FMA-bound, as it ran. Two suite first plans moved (ab_first_plans.py, 11 rounds, old/new): the 5x5
-# depthwise to its window's rows inside the register tile 1.036, gpt2_gemv_768to768 1.015.
-REGISTER_LOAD_SHARE = 0.75
+# device.model.register_load_share (the spec's model: section; docs/cost-constants.md): Share of the L1's calibrated
+# read bandwidth (a stream of whole-vector loads) that a register tile's loads reach between its FMAs: the register
+# level's traffic is charged at it.
 
 
 def padded_flops(expr: Expr, tiles: Sequence[Mapping[str, int]], lanes: int, vector_axis: str | None = None,
@@ -159,26 +150,18 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
     return tiles[index + 1]
 
 
-# Cycles per accumulator vector moved between the registers and memory where the plan splits the reduction
-# above the register tile and other register tiles run between its chunks (accumulator_parent is not None):
-# code generation then keeps the accumulators in a tile buffer that is zeroed, loaded and stored at every
-# chunk and copied out at the end (2 x chunks + 1 moves a vector more than accumulators that stay in
-# registers and are stored once), between the FMAs of the register tiles, not under them. Fitted on one
-# thread, one A/B process, the same loops otherwise: a 1x1 conv on 56x56x256 -> 64 with its reduction in
-# 8, 4, 2 and 1 L1 chunks ran 680, 652, 642 and 629 us (~0.5 cycles a move at 2.3 GHz); on 56x56x64 -> 256,
-# 2 chunks against 1, 790 against 672 us (PyTorch 677; ~1.1 cycles); BERT's QK^T (12 x 128x128x64, two
-# threads) in 2 chunks of 32 against 16-deep chunks of one register tile kept in registers, 147 against 136
-# us (~0.75 cycles). Near their mean: at 0.5 (the lowest fit) the memory tie-break ranked such split plans
-# first; at 0.8, 6 of the suite's 58 first plans moved to unsplit ones (scripts/ab_first_plans.py, 11-21
-# rounds, old/new): bert_qk_b12 1.06-1.15, bert_ffn1_128 1.06-1.08 (once 0.93), its nt layout 1.07-1.09,
-# nas_conv1x1_21_336to336 1.04-1.12, vit_fc1_197 0.98-1.00, inc_conv3x3s2_57_64 0.87-1.00 (0.98 over 21).
-ACCUMULATOR_CYCLES = 0.8
+# device.model.accumulator_cycles (the spec's model: section; docs/cost-constants.md): Cycles per accumulator vector
+# moved between the registers and memory where the plan splits the reduction above the register tile and other
+# register tiles run between its chunks (accumulator_parent is not None): code generation then keeps the
+# accumulators in a tile buffer that is zeroed, loaded and stored at every chunk and copied out at the end (2 x
+# chunks + 1 moves a vector more than accumulators that stay in registers and are stored once), between the FMAs of
+# the register tiles, not under them.
 
 
 def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                         vector_axis: str | None) -> float:
     """Seconds the whole operator spends moving accumulators through a tile buffer in memory (see
-    ACCUMULATOR_CYCLES); 0 where they stay in registers for the whole reduction, or are vector partial
+    device.model.accumulator_cycles); 0 where they stay in registers for the whole reduction, or are vector partial
     sums (a reduced vector axis: a buffer of their own, charged by the fold)."""
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE:
         return 0.0
@@ -191,12 +174,12 @@ def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: 
     lanes = compute_lanes(expr, device) if vector_axis is not None else 1
     ext = tiling_extents(expr, vector_axis, lanes)
     vectors = math.prod(ext[a.name] for a in expr.axes if a.kind != REDUCE) / lanes
-    return (vectors * (2 * chunks + 1) * ACCUMULATOR_CYCLES * cycle_seconds(device)
+    return (vectors * (2 * chunks + 1) * device.model.accumulator_cycles * cycle_seconds(device)
             * accumulator_level_factor(expr, tiles, device))
 
 
 def accumulator_level_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> float:
-    """How much dearer a move of an accumulator vector is than ACCUMULATOR_CYCLES (fitted with the tile
+    """How much dearer a move of an accumulator vector is than device.model.accumulator_cycles (fitted with the tile
     buffer in L1): the buffer between the outermost chunks is the output region of the highest tile
     whose reduction is split (the chunk loop runs over it), and it lives in the first private level
     that holds it; a move then costs in proportion to that level's bandwidth against L1's. A
@@ -263,7 +246,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                   - halo_bytes(expr, tile, rules, vector_axis, predicated))
         below = unit_bandwidth(levels[i + 1], units) if i + 1 < len(levels) else source_bandwidth(expr, device, units)
         if i == 0:
-            below *= REGISTER_LOAD_SHARE
+            below *= device.model.register_load_share
         cold = 0.0
         if i == len(levels) - 1 and prepacked and device.constants_level:
             # a model's weights that do not stay in the caches between calls come from constants_level

@@ -23,41 +23,32 @@ def cycle_seconds(device: Device) -> float:
     return 1.0 / ((device.units.clock_ghz or DEFAULT_CLOCK_GHZ) * 1e9)
 
 
-TILE_OVERHEAD_CYCLES = 20  # fixed cost of one top tile (loop-nest set-up, the pipeline's ramp at its edges)
+# device.model.tile_overhead_cycles (the spec's model: section; docs/cost-constants.md): fixed cost of one top tile
+# (loop-nest set-up, the pipeline's ramp at its edges)
 
 
 def tile_overhead(device: Device) -> float:
     """Seconds one top tile costs beyond its compute and traffic: nothing for the model's ranking of big
     tiles, but it stops a memory-bound operator from tying with a plan of one-vector tiles."""
-    return TILE_OVERHEAD_CYCLES * cycle_seconds(device)
+    return device.model.tile_overhead_cycles * cycle_seconds(device)
 
 
-# Fixed cost of running a kernel over several units: TVM's thread pool wakes its workers and joins them
-# on every call. Measured here (one process, alternating, 2026-11-27): add_relu over 2x64 elements in two
-# top tiles on 2 cores 1.4-1.8 us, in one top tile (no parallel loop) 0.2-0.4 us: 1.2-1.4 us; over 2x4096
-# one unit 1.7 us against two 2.6, 2x8192 2.7 against 3.2, 2x16384 5.1 against 4.2 (construction offers
-# the one-unit plan, construct._fits_one_unit). 3000 cycles of the calibrated 2.1 GHz clock (1.4 us);
-# 5000 before, fitted at 1.9 us when the spec's clock was 2.6 GHz, charged 2.4 us and ranked one unit
-# first at 2x16384.
-PARALLEL_LAUNCH_CYCLES = 3000
+# device.model.parallel_launch_cycles (the spec's model: section; docs/cost-constants.md): Fixed cost of running a
+# kernel over several units: TVM's thread pool wakes its workers and joins them on every call.
 
 
 def launch_seconds(device: Device, units: int) -> float:
     """Seconds a kernel spends starting and joining its parallel loop (none on one unit)."""
-    return PARALLEL_LAUNCH_CYCLES * cycle_seconds(device) if units > 1 else 0.0
+    return device.model.parallel_launch_cycles * cycle_seconds(device) if units > 1 else 0.0
 
 
-# Seconds a cache line written by two units costs (it moves between their caches): where the parallel grid
-# splits the output's contiguous dimension between units at a boundary inside a line. Fitted on one case
-# (two threads, one process, the same tiles): a depthwise 3x3 of stride 2 on 28x28x90 whose cores split
-# the channels in 16-channel top tiles (their boundary inside 7 of every 8 pixels' lines) ran 21.1 us
-# against 11.5 on one thread; split over the rows instead, 8.3; on 96 channels, lines whole, 5.7. About 13 us
-# for 171 shared lines.
-FALSE_SHARING_SECONDS = 75e-9
+# device.model.false_sharing_seconds (the spec's model: section; docs/cost-constants.md): Seconds a cache line
+# written by two units costs (it moves between their caches): where the parallel grid splits the output's contiguous
+# dimension between units at a boundary inside a line.
 
 
 def false_sharing_seconds(expr: Expr, top: Mapping[str, int], device: Device, units: int) -> float:
-    """Seconds lost to output lines two units write (FALSE_SHARING_SECONDS each): where the only axis the
+    """Seconds lost to output lines two units write (device.model.false_sharing_seconds each): where the only axis the
     parallel grid splits is the one that indexes the output's contiguous dimension, each boundary between
     two units' shares falls inside a line in every output row where that row's offset plus the boundary's
     is not a whole line."""
@@ -80,33 +71,24 @@ def false_sharing_seconds(expr: Expr, top: Mapping[str, int], device: Device, un
             continue
         straddles = sum((r * row + edge) % line != 0 for r in range(period))
         shared += rows * straddles / period
-    return shared * FALSE_SHARING_SECONDS
+    return shared * device.model.false_sharing_seconds
 
 
-# Cycles one element of a transposed pack costs (tails.transposed_elements), where it is scattered: the
-# copy reads its source in runs of a vector and writes one scalar per element (codegen/cpu._block_transpose),
-# and it runs before the tile's compute, not under it. Measured: a [1000, 2048] weight packed for a batch-32
-# fc layer added 0.9 ms on 2 cores (2.0 vs 1.1 ms with the same tiles untransposed), ~3 cycles an element at
-# 3.6 GHz. In whole lanes x lanes blocks the copy is transposed in registers (codegen/transpose.py): BERT fc1
-# in the [N, K] layout (128 x 3072, K 768; top tiles 128 x 192 x 384), one thread, the same plan: 5481 us
-# scattered, 4663 in registers, 4242 with B prepacked (no copy): 420 us for 2.36 M elements, 0.37 cycles an
-# element at the calibrated 2.1 GHz (the scattered copy here: 1240 us, ~1.1).
-TRANSPOSE_CYCLES = 3.0
-
-REGISTER_TRANSPOSE_CYCLES = 0.4
+# device.model.transpose_cycles (the spec's model: section; docs/cost-constants.md): Cycles one element of a
+# transposed pack costs (tails.transposed_elements), where it is scattered: the copy reads its source in runs of a
+# vector and writes one scalar per element (codegen/cpu._block_transpose), and it runs before the tile's compute,
+# not under it.
 
 
 def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepacked: tuple[str, ...] = ()) -> float:
     """Seconds the transposed packs of one top tile (one step of its reduction) take, serial with its
     compute (none for inputs that arrive packed)."""
     scattered, shuffled = transposed_elements(expr, top, compute_lanes(expr, device), prepacked)
-    return (scattered * TRANSPOSE_CYCLES + shuffled * REGISTER_TRANSPOSE_CYCLES) * cycle_seconds(device)
+    return (scattered * device.model.transpose_cycles + shuffled * device.model.register_transpose_cycles) * cycle_seconds(device)
 
 
-# Cycles per lane of partial sums folded into its output (a reduced vector axis): the write-back adds the
-# lanes of every output element one by one. Measured: bert fc1 nt (128 x 3072, K 768) with a 4x4x16
-# dot-product register tile ran 6.1 ms against 3.4 ms of compute in the model, ~2 cycles per lane at 2.6 GHz.
-FOLD_CYCLES = 2.0
+# device.model.fold_cycles (the spec's model: section; docs/cost-constants.md): Cycles per lane of partial sums
+# folded into its output (a reduced vector axis): the write-back adds the lanes of every output element one by one.
 
 
 def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], device: Device,
@@ -117,32 +99,26 @@ def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], dev
                                                                                           lanes):
         return 0.0
     outputs = math.prod(expr.output.region(top))
-    return outputs * lanes * FOLD_CYCLES * cycle_seconds(device)
+    return outputs * lanes * device.model.fold_cycles * cycle_seconds(device)
 
 
-# Cycles each element load of an input whose zero-padding stage the plan inlines costs (RProgram.inlined):
-# the load sits behind a bounds check on its window position. Fitted on one thread, one A/B process each,
-# the same plan staged and inlined, on the register tiles construction makes now (accumulators as stack
-# arrays, no spilling window values): the ResNet stem (4 x 64 outputs a register tile, 3.2 M broadcast
-# loads) 1489 -> 1731 us, ~0.17 cycles a load at 2.3 GHz; a 3x3 conv on 42x42x84 (3.0 M) 1710 -> 1585, no
-# cost. (Fitted on earlier code, whose checks sat in spilling unrolled loops: ~2 cycles.) Loads along the
-# vector axis share one check per window row, and cost nothing measurable: depthwise convs ran faster
-# inlined (3x3/2 on 112x112x96 760 -> 400 us, 5x5 on 83x83x42 369 -> 292 us), the copy they save dominating.
-INLINE_CHECK_CYCLES = 0.2
+# device.model.inline_check_cycles (the spec's model: section; docs/cost-constants.md): Cycles each element load of
+# an input whose zero-padding stage the plan inlines costs (RProgram.inlined): the load sits behind a bounds check
+# on its window position.
 
 
 def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                          vector_axis: str | None, inlined: tuple[str, ...]) -> float:
     """Seconds the bounds checks of the inlined padding stages' loads take, over the whole operator (all
     units): one check per element loaded at the register level (a broadcast); a tensor read in vectors
-    along the vector axis is not charged (see INLINE_CHECK_CYCLES)."""
+    along the vector axis is not charged (see device.model.inline_check_cycles)."""
     if not inlined:
         return 0.0
     rules = LevelRules.of(device, 0, expr, vector_axis)
     total = tile_counts(expr, tiles[0])[0]
     loads = sum(tensor_footprint(t, tiles[0], rules, moved=True) for t in expr.inputs
                 if t.name in inlined and vector_axis not in t.innermost_axes())
-    return loads * total / rules.level.transaction_bytes * INLINE_CHECK_CYCLES * cycle_seconds(device)
+    return loads * total / rules.level.transaction_bytes * device.model.inline_check_cycles * cycle_seconds(device)
 
 
 def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, device: Device) -> float:
@@ -171,22 +147,12 @@ def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, devic
     return extra * remote
 
 
-# Cycles a line of an input costs, serial with the tile's compute, where the kernel reads it on a stream
-# the hardware prefetcher cannot follow: the top tile reads more strided rows, each on its own page, than
-# the prefetcher tracks (``units.prefetch_streams``), in runs too short (under PREFETCH_RUN_BYTES) for it
-# to pick a stream up within one, so the loads wait on their misses. Fitted on one thread, one A/B process:
-# a 1x1 conv, 165x165x96 -> 48 channels, with top tiles of 165, 45 and 15 rows of 384 B (one pixel each)
-# and otherwise the same loops ran 4.5, 2.6-3.0 and 1.8 ms: ~20 ns (46 cycles at 2.3 GHz) for each of the
-# 163 k input lines, times the share of the streams the prefetcher cannot hold (1 - 32 / rows). A pure
-# read of the same pattern streams at full bandwidth: without compute between them the loads run ahead.
-# A run is what the kernel reads of a row before it moves to the next: the width of the tile it walks the
-# top tile in, not the top tile's (MobileNetV2's 1x1 conv 112x112x16 -> 96 in 56 x 28 top tiles walked in
-# L1 tiles one pixel wide, 64 B a row, ran 615 us; walked along the rows 396, PyTorch 351; one thread).
-# Runs of 1-2 KiB still lose lines before the prefetcher catches up: NASNet's 1x1 conv on 165x165x96 -> 42
-# in top tiles of 55 rows x 5 pixels (1920 B runs) ran 2249 us against 2027 in whole rows (one thread).
-UNTRACKED_LINE_CYCLES = 46
+# device.model.untracked_line_cycles (the spec's model: section; docs/cost-constants.md): Cycles a line of an input
+# costs, serial with the tile's compute, where the kernel reads it on a stream the hardware prefetcher cannot
+# follow: the top tile reads more strided rows, each on its own page, than the prefetcher tracks
+# (``units.prefetch_streams``), in runs too short (under device.model.prefetch_run_bytes) for it to pick a stream up within one,
+# so the loads wait on their misses.
 
-PREFETCH_RUN_BYTES = 2048
 
 PAGE_BYTES = 4096
 
@@ -200,7 +166,7 @@ def _level_loop_order(expr: Expr) -> list:
 def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
                              staged: Sequence[str] = (), step: Mapping[str, int] | None = None) -> float:
     """Seconds one top tile waits on the lines of inputs read on more strided streams than the prefetcher
-    follows (see UNTRACKED_LINE_CYCLES); inputs copied per top tile (``staged``) stream row by row.
+    follows (see device.model.untracked_line_cycles); inputs copied per top tile (``staged``) stream row by row.
     ``step`` is the tile the kernel walks the top tile in (the next level's, default the top tile): it
     reads each row of the top tile in runs as wide as that tile's."""
     step = dict(step or top)
@@ -224,32 +190,18 @@ def untracked_stream_seconds(expr: Expr, top: Mapping[str, int], device: Device,
             run *= walked[d]
             if walked[d] < t.shape[d]:
                 break
-        if run * t.elem_bytes >= PREFETCH_RUN_BYTES:
+        if run * t.elem_bytes >= device.model.prefetch_run_bytes:
             continue
         streams = math.prod(r for d, r in enumerate(region)
                             if math.prod(t.shape[d + 1:]) * t.elem_bytes >= PAGE_BYTES)
         if streams > tracked:
             moved = tensor_footprint(t, top, rules, moved=True) / rules.level.transaction_bytes
             lines += moved * (1.0 - tracked / streams)
-    return lines * UNTRACKED_LINE_CYCLES * cycle_seconds(device)
+    return lines * device.model.untracked_line_cycles * cycle_seconds(device)
 
 
-# Cycles a line of a broadcast operand costs where the register tile's loads of it read runs that interleave
-# in one page. The register tile loads each element of an input the vector axis does not index (a conv's
-# pixel, a matmul's row of A) with its own instruction, which walks the reduction along the input's
-# contiguous row. A tile one pixel wide and several rows tall walks each run on its own page, one ascending
-# stream a page that the L2 streamer follows; a tile several pixels wide walks as many runs side by side in
-# one page, and the streamer (one stream a page) falls behind them. One thread, one A/B process, 1x1 convs
-# on 60x60 -> 42 channels, the same loops, register tiles of 6 rows x 1 pixel against 1 x 6 and 3 x 2:
-# 96 channels (runs of 6 lines) 316 / 359 / 331 us, 256 channels 850 / 982 / 896, 48 channels 155 / 175 /
-# 178 (~2.3 ns a line of the 1 x 6 tile's, (1 - 1/k) of the lines of k runs in a page); 32 and 16
-# channels (runs of 1-2 lines, the pixels swept whole) the same time; NASNet's 165x165x96 -> 42 (input
-# from L3) 2342 against 2728 us, 2.4 ns a line. Those ran in the machine's slow phases; in its fast ones the
-# same tiles differ by 2-4% (0.3 ns a line; 48 channels once 143 / 137 / 143, the wide tile 4% ahead): the
-# figure sits between the two, a tie-breaker more than a cost.
-INTERLEAVED_LINE_CYCLES = 3
-
-INTERLEAVED_MIN_RUN_LINES = 3
+# device.model.interleaved_line_cycles (the spec's model: section; docs/cost-constants.md): Cycles a line of a
+# broadcast operand costs where the register tile's loads of it read runs that interleave in one page.
 
 
 def broadcast_run(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]],
@@ -286,9 +238,9 @@ def broadcast_run(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
 def interleaved_run_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                             vector_axis: str | None, staged: Sequence[str] = ()) -> float:
     """Seconds the whole operator (all units) loses to broadcast operands whose register-tile loads read
-    runs side by side in one page (see INTERLEAVED_LINE_CYCLES): of the lines each such input moves into the
+    runs side by side in one page (see device.model.interleaved_line_cycles): of the lines each such input moves into the
     L1 tiles, the share (1 - 1/k) where k runs share a page; whole rows shorter than
-    INTERLEAVED_MIN_RUN_LINES lines side by side are one dense block the loads sweep, and cost nothing. A
+    device.model.interleaved_min_run_lines lines side by side are one dense block the loads sweep, and cost nothing. A
     copy made per top tile (``staged``) is laid out as the top tile's region."""
     if len(tiles) < 2 or not device.units.prefetch_streams:
         return 0.0
@@ -305,7 +257,7 @@ def interleaved_run_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], devi
         run = t.region(broadcast_run(expr, t, tiles, shape))
         outer = min((d for d in range(len(run)) if run[d] > 1), default=len(run) - 1)
         whole = all(r == n for r, n in zip(run[outer:], shape[outer:]))
-        if whole and math.prod(run) * t.elem_bytes < INTERLEAVED_MIN_RUN_LINES * line:
+        if whole and math.prod(run) * t.elem_bytes < device.model.interleaved_min_run_lines * line:
             continue  # short whole rows side by side: the loads sweep one dense block
         # the register tile's loads lie side by side along the nearest dimension outside the run (not
         # the overlapping rows of a sliding window, which were not measured)
@@ -315,27 +267,24 @@ def interleaved_run_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], devi
         k = min(reg[side], PAGE_BYTES / (math.prod(shape[side + 1:]) * t.elem_bytes))
         if k > 1:
             lines += tensor_footprint(t, tiles[1], rules, moved=True) * total / line * (1.0 - 1.0 / k)
-    return lines * INTERLEAVED_LINE_CYCLES * cycle_seconds(device)
+    return lines * device.model.interleaved_line_cycles * cycle_seconds(device)
 
 
-# Cycles an accumulator tile of tails.STACK_ARRAY_BYTES or more costs each time its loop enters it: TVM
-# allocates it through TVMBackendAllocWorkspace (and frees it), zeroes it with memset and the write-back
-# reads it back from memory, where a smaller tile is a stack array held in registers. One thread, one A/B
-# process, a 1x1 conv 56x56, 24 -> 144 channels: register tiles of 8 x 48 outputs (1.5 KiB, 1176 tiles)
-# 157 us against 4 x 48 (768 B) 130 us; of 8 x 32 (1 KiB, 1960 tiles) 157.5 against 7 x 32 (896 B) 134.8:
-# 12-23 ns a tile, ~40 cycles at 2.3 GHz.
-WORKSPACE_TILE_CYCLES = 40
+# device.model.workspace_tile_cycles (the spec's model: section; docs/cost-constants.md): Cycles an accumulator tile
+# of tails.STACK_ARRAY_BYTES or more costs each time its loop enters it: TVM allocates it through
+# TVMBackendAllocWorkspace (and frees it), zeroes it with memset and the write-back reads it back from memory, where
+# a smaller tile is a stack array held in registers.
 
 
 def workspace_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
                       vector_axis: str | None) -> float:
     """Seconds the whole operator (all units) spends on accumulator tiles too large for a stack array
-    (see WORKSPACE_TILE_CYCLES); 0 when they fit or there is no reduction."""
+    (see device.model.workspace_tile_cycles); 0 when they fit or there is no reduction."""
     acc = accumulator_tile(expr, tiles, vector_axis, compute_lanes(expr, device))
     if acc is None or stack_array(expr, acc):
         return 0.0
     count = math.prod(ceil_div(a.extent, acc[a.name]) for a in expr.axes if a.kind != REDUCE)
-    return count * WORKSPACE_TILE_CYCLES * cycle_seconds(device)
+    return count * device.model.workspace_tile_cycles * cycle_seconds(device)
 
 
 def repeated_fill_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules) -> float:
@@ -391,23 +340,16 @@ def halo_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, vector_axi
     return saved
 
 
-# Cycles a line costs where the tile below the top (the L1 tile) reads a slice of an input's rows along the
-# vector axis that the top tile holds more of: the kernel walks the same pixels once per slice, each time in
-# runs of a line or two at the pixel stride, and the loads wait on more of their fills from L2 than in whole
-# runs. Times (1 - 1 / slices): nothing for whole rows. Measured, one thread, CPU time, the same plans with
-# only the L1 tile's channels changed (scripts/compare_plans.py --cpu-time): avg pool 3x3 on 83x83x84, 16 of
-# 96 channels 572 us, all 96 384; depthwise 3x3/2 on 112x112x96, 16 of 96 375, 96 282; depthwise 3x3 on
-# 112x112x32, 16 of 32 153, 32 142 (1.8, 2.3 and 0.7 cycles a line at 2.1 GHz); the model tied each pair.
-# Only as far as a slice's rows outnumber the streams the prefetcher follows (units.prefetch_streams): an
-# L1 tile of one pixel's 3x3 window (9 rows) walks the next slice of the same rows right after, and the
-# avg pool ran 173 us in such tiles, against 268 in slices of 83 pixels (255 rows).
-SLICED_LINE_CYCLES = 2.0
+# device.model.sliced_line_cycles (the spec's model: section; docs/cost-constants.md): Cycles a line costs where the
+# tile below the top (the L1 tile) reads a slice of an input's rows along the vector axis that the top tile holds
+# more of: the kernel walks the same pixels once per slice, each time in runs of a line or two at the pixel stride,
+# and the loads wait on more of their fills from L2 than in whole runs.
 
 
 def sliced_row_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device, vector_axis: str | None,
                        packed: Sequence[str] = ()) -> float:
     """Seconds the whole operator loses to L1 tiles that read slices of an input's rows (see
-    SLICED_LINE_CYCLES): inputs whose contiguous dimension is the (spatial) vector axis, not packed, read
+    device.model.sliced_line_cycles): inputs whose contiguous dimension is the (spatial) vector axis, not packed, read
     in slices of more rows than the prefetcher follows."""
     tracked = device.units.prefetch_streams
     if not tracked or len(tiles) < 2 or vector_axis is None or expr.axis(vector_axis).kind == REDUCE:
@@ -425,46 +367,29 @@ def sliced_row_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: D
         if slices > 1 and rows > tracked:
             moved = tensor_footprint(t, walk, rules, moved=True) * walks / rules.level.transaction_bytes
             lines += moved * (1.0 - 1.0 / slices) * (1.0 - tracked / rows)
-    return lines * SLICED_LINE_CYCLES * cycle_seconds(device)
+    return lines * device.model.sliced_line_cycles * cycle_seconds(device)
 
 
-# Cycles each element a repeating stage writes costs (Expr.repeats: a grouped convolution's group_rep, each
-# input channel copied for the K/groups output channels of its group), serial with the tile's compute: it
-# runs in vectors of runs of one broadcast load each (ops.LANE_RUN), before the tile's compute. Fitted on
-# one thread, cpu time, first plans, 3x3 pad 1 (time beyond the compute at peak over the elements the
-# stage writes): 56x56x128 in 32 groups of 4, 512 us (0.39 cycles an element at 2.3 GHz); 28x28x64 in
-# 16 groups of 4, 53 us (0.34); 14x14x256 in 64 of 4, 81 us (0.54); 28x28x64 in 32 of 2, 32 us (0.44).
-# Before, the model charged all of group_rep's bytes as traffic from below (4x the input's) and none of
-# this: 450 us predicted on 2 cores for the first, 237-250 measured (2 threads), 13 for the others.
-REPLICATE_CYCLES = 0.4
+# device.model.replicate_cycles (the spec's model: section; docs/cost-constants.md): Cycles each element a repeating
+# stage writes costs (Expr.repeats: a grouped convolution's group_rep, each input channel copied for the K/groups
+# output channels of its group), serial with the tile's compute: it runs in vectors of runs of one broadcast load
+# each (ops.LANE_RUN), before the tile's compute.
 
 
 def replicate_seconds(expr: Expr, top: Mapping[str, int], device: Device) -> float:
-    """Seconds the repeating stages of one top tile take to write their copies (see REPLICATE_CYCLES)."""
+    """Seconds the repeating stages of one top tile take to write their copies (see device.model.replicate_cycles)."""
     elements = sum(math.prod(t.region(top)) for t in expr.inputs if expr.repeat(t.name) > 1)
-    return elements * REPLICATE_CYCLES * cycle_seconds(device)
+    return elements * device.model.replicate_cycles * cycle_seconds(device)
 
 
-# Cycles each element of a producer stage's copy costs (a convolution's zero padding, copied per top tile
-# where the plan does not inline it; not a stage folded into a pack), serial with the tile's compute: it
-# reads the window's rows behind the padding's bounds and writes the copy. TVM vectorizes the copy's inner
-# loop where its rows are whole vectors (the last dimension a multiple of the lanes). One process, the
-# same plan staged and inlined: a 3x3 conv on 42x42x84 (rows of 84, not vectorized by TVM) in 6 top tiles
-# copying the whole padded input each, 2 threads, 1454 -> 1266 us, 0.8 cycles an element at 2.1 GHz; a
-# depthwise 3x3 on 56x56x144 (vectors), one thread, 278 -> 195 and 318 -> 275 us for 534 k elements, ~0.25
-# cycles (less the inlined plan's own costs, which the model puts at none there). The gap is not the
-# vectorization alone: that 84-channel copy in 5 vectors and a tail split off ran no faster (1450 / 1444
-# and 1019 / 1014 us, 2 threads), LLVM presumably vectorizing the plain loop itself; not explained yet.
-# Before, the copies counted as traffic only (under the compute), and plans copying the same window for
-# every top tile of channels, or 5x wider windows than their tiles, ranked first (depthwise 5x5 on
-# 83x83x42 in one-pixel-wide tiles: 1175 us against 550, one thread).
-STAGE_COPY_CYCLES = 0.8
-
-STAGE_VECTOR_COPY_CYCLES = 0.25
+# device.model.stage_copy_cycles (the spec's model: section; docs/cost-constants.md): Cycles each element of a
+# producer stage's copy costs (a convolution's zero padding, copied per top tile where the plan does not inline it;
+# not a stage folded into a pack), serial with the tile's compute: it reads the window's rows behind the padding's
+# bounds and writes the copy.
 
 
 def stage_copy_seconds(expr: Expr, top: Mapping[str, int], device: Device, copied: Sequence[str]) -> float:
-    """Seconds the producer stages' copies of one top tile take (see STAGE_COPY_CYCLES): the inputs in
+    """Seconds the producer stages' copies of one top tile take (see device.model.stage_copy_cycles): the inputs in
     ``copied``, staged and neither inlined nor folded into a pack."""
     lanes = compute_lanes(expr, device)
     cycles = 0.0
@@ -472,5 +397,5 @@ def stage_copy_seconds(expr: Expr, top: Mapping[str, int], device: Device, copie
         if t.name in copied and expr.repeat(t.name) == 1:  # a repeating stage: replicate_seconds
             region = t.region(top)
             vector = bool(region) and region[-1] >= lanes and region[-1] % lanes == 0  # () : a scalar
-            cycles += math.prod(region) * (STAGE_VECTOR_COPY_CYCLES if vector else STAGE_COPY_CYCLES)
+            cycles += math.prod(region) * (device.model.stage_vector_copy_cycles if vector else device.model.stage_copy_cycles)
     return cycles * cycle_seconds(device)

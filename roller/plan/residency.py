@@ -10,16 +10,10 @@ from roller.device.spec import Device, MemoryLevel
 from roller.plan.expr import Expr
 
 
-# The share of an operator's bytes the units' outermost private caches still hold at its next call falls
-# from all to none as its bytes grow from RESIDENT_FULL to RESIDENT_NONE times those caches' capacity (all
-# units' together); the rest comes from the first shared level that holds it all. Measured (2 cores x
-# 2 MiB L2, top-1 kernels timed alternately, scripts/residency.py): add_relu on M x 3001 ran at 135 GB/s
-# at 2.2 MB, 87 at 3.6 MB (0.86 of the L2s: 0.65 of its bytes from them at 228 GB/s, the rest from L3 at
-# 44), 68 at 4.3 MB and 47 at 6.5; a row sum 71 GB/s at 3.6 MB, 50 at 4.8 and 43 at 6.7. One step at 0.9
-# of the capacity put 3.6 MB wholly in L2 (predicted 2.1x too fast) and 4.1 MB wholly in L3 (1.5x slow).
-RESIDENT_FULL = 0.45
-
-RESIDENT_NONE = 1.45
+# device.model.resident_full (the spec's model: section; docs/cost-constants.md): The share of an operator's bytes
+# the units' outermost private caches still hold at its next call falls from all to none as its bytes grow from
+# device.model.resident_full to device.model.resident_none times those caches' capacity (all units' together); the rest comes from the first
+# shared level that holds it all.
 
 
 def tensor_bytes(expr: Expr) -> int:
@@ -34,16 +28,16 @@ def memory_bound(expr: Expr, device: Device) -> bool:
     return expr.flops / tensor_bytes(expr) < peak / source_bandwidth(expr, device)
 
 
-# Kernels predicted shorter than this keep TVM's fixed split of the parallel grid (codegen/balance.py): a
-# take of the balanced grid costs tens of nanoseconds, and its lock's cache line moves between the cores.
-BALANCE_MIN_SECONDS = 50e-6
+# device.model.balance_min_seconds (the spec's model: section; docs/cost-constants.md): Kernels predicted shorter
+# than this keep TVM's fixed split of the parallel grid (codegen/balance.py): a take of the balanced grid costs tens
+# of nanoseconds, and its lock's cache line moves between the cores.
 
 
 def balances(expr: Expr, seconds: float, device: Device) -> bool:
     """Whether the kernel of a plan predicted to run ``seconds`` (before ``imbalance_seconds``) balances its
     grid across the units (codegen/balance.py): compute-bound operators predicted at least
-    BALANCE_MIN_SECONDS. Memory-bound ones keep the fixed split, their time being their data's."""
-    return seconds >= BALANCE_MIN_SECONDS and not memory_bound(expr, device)
+    device.model.balance_min_seconds. Memory-bound ones keep the fixed split, their time being their data's."""
+    return seconds >= device.model.balance_min_seconds and not memory_bound(expr, device)
 
 
 def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: int, device: Device) -> float:
@@ -73,11 +67,11 @@ def resident_share(expr: Expr, device: Device) -> float:
     """The share of the operator's bytes a CPU's units find in their outermost private caches at its next
     call (a kernel called again on the same tensors, or on the output of the one before finds them there:
     400 KB of rows summed at 141 GB/s, more than twice the 60 GB/s of the shared L3), from 1 up to
-    RESIDENT_FULL of those caches' capacity down to 0 from RESIDENT_NONE; 0 where the private levels are
+    device.model.resident_full of those caches' capacity down to 0 from device.model.resident_none; 0 where the private levels are
     scratchpads that keep nothing between calls (``MemoryLevel.keeps_data``)."""
     if not device.private_levels or not device.private_levels[-1].keeps_data:
         return 0.0
-    return min(1.0, max(0.0, (RESIDENT_NONE - private_fill(expr, device)) / (RESIDENT_NONE - RESIDENT_FULL)))
+    return min(1.0, max(0.0, (device.model.resident_none - private_fill(expr, device)) / (device.model.resident_none - device.model.resident_full)))
 
 
 def shared_source(expr: Expr, device: Device) -> MemoryLevel:
