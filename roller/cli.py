@@ -239,6 +239,10 @@ def cmd_devices(args) -> int:
             where = "shared" if lv["shared"] else next(holders, "per unit")
             print(f"  {lv['name']:>5}: {_fmt_bytes(lv['capacity_bytes'])} {where}, "
                   f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
+        model = d.get("model") or {}
+        if model:
+            print("  model: " + ", ".join(f"{k} {e['value']:g}" for k, e in model.items())
+                  + " (sources: roller devices --json)")
         print(f"  source: {d['source']}")
     return 0
 

@@ -15,7 +15,9 @@ from roller.targets import schedule
 from roller.targets.cpu.balance import balance_grid, worth_balancing
 from roller.targets import construct
 from roller.device.load import load_device
-from roller.plan.cost import BALANCE_MIN_SECONDS as MIN_SECONDS
+from roller.device.spec import family_model
+
+MIN_SECONDS = family_model("cpu").balance_min_seconds
 from roller.measure.verify import fill_sentinel
 from roller.tir.compile import compile_for, target_for
 

@@ -12,6 +12,9 @@ from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
                                compute_lanes, footprint, padding_waste, round_up, tile_counts)
 from roller.plan.tails import serial_tail, tiling_extents
+from roller.device.spec import family_model
+
+CPU_MODEL = family_model("cpu")  # the model figures every CPU spec has by default
 
 DEV = cpu()
 
@@ -325,7 +328,7 @@ def test_staged_rows_along_the_vector_axis_are_padded_to_whole_vectors():
 def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on_their_misses():
     from policy_exprs import cpu_spec
     from roller.device.spec import device_from_dict
-    from roller.plan.cost import UNTRACKED_LINE_CYCLES, cycle_seconds, untracked_stream_seconds
+    from roller.plan.cost import cycle_seconds, untracked_stream_seconds
     spec = cpu_spec()
     spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
     dev = device_from_dict(spec, "test")
@@ -333,7 +336,7 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
     top = lambda h, w, c: {"n": 1, "h": h, "w": w, "k": 48, "r": 1, "s": 1, "c": c}
     # a column of 165 pixels: 165 rows of 384 B, each on its own page; the prefetcher holds 32 of them
     lines = 165 * 384 // 64
-    expected = lines * (1 - 32 / 165) * UNTRACKED_LINE_CYCLES * cycle_seconds(dev)
+    expected = lines * (1 - 32 / 165) * CPU_MODEL.untracked_line_cycles * cycle_seconds(dev)
     assert math.isclose(untracked_stream_seconds(e, top(165, 1, 96), dev), expected)
     assert untracked_stream_seconds(e, top(15, 1, 96), dev) == 0  # 15 streams: all followed
     assert untracked_stream_seconds(e, top(165, 11, 96), dev) == 0  # runs of 4224 B: picked up within one
@@ -352,7 +355,7 @@ def test_inputs_read_on_more_strided_streams_than_the_prefetcher_follows_wait_on
 def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_their_lines():
     from policy_exprs import cpu_spec
     from roller.device.spec import device_from_dict
-    from roller.plan.cost import INTERLEAVED_LINE_CYCLES, broadcast_run, cycle_seconds, interleaved_run_seconds
+    from roller.plan.cost import broadcast_run, cycle_seconds, interleaved_run_seconds
     spec = cpu_spec()
     spec["units"] = dict(spec["units"], prefetch_streams=32, clock_ghz=2.0)
     dev = device_from_dict(spec, "test")
@@ -371,7 +374,7 @@ def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_the
     assert broadcast_run(e, x, tiles(1, 6, 96), x.shape) == {"n": 1, "h": 1, "w": 1, "k": 1, "r": 1, "s": 1,
                                                               "c": 96}
     lines = 60 * 60 * 96 * 4 / 64
-    one_by_six = lines * (1 - 1 / 6) * INTERLEAVED_LINE_CYCLES * cycle_seconds(dev)
+    one_by_six = lines * (1 - 1 / 6) * CPU_MODEL.interleaved_line_cycles * cycle_seconds(dev)
     assert interleaved_run_seconds(e, tiles(1, 6, 96), dev, "k") == pytest.approx(one_by_six)
     assert interleaved_run_seconds(e, tiles(3, 2, 96), dev, "k") == pytest.approx(one_by_six * 0.5 / (5 / 6))
     # the reduction split at L1 and resumed by the next L1 tile still reads each pixel in one run
@@ -394,16 +397,17 @@ def test_data_that_fits_the_units_private_caches_lives_there_between_calls():
 
 
 def test_data_near_the_private_caches_capacity_comes_partly_from_them():
-    """model.resident_share falls from all to none between RESIDENT_FULL and RESIDENT_NONE times the units'
+    """model.resident_share falls from all to none between model.resident_full and
+    model.resident_none times the units'
     private capacity (DEV: 4 x 1 MiB L2); source_bandwidth weighs each level's time by its share."""
-    from roller.plan.cost import (RESIDENT_FULL, RESIDENT_NONE, data_source, resident_share, source_bandwidth,
+    from roller.plan.cost import (data_source, resident_share, source_bandwidth,
                                   tensor_bytes)
     from roller.device.load import load_device
     cap = 4 * 2**20
     small, mid, big = reduce_rows(256, 1024), reduce_rows(1024, 1024), reduce_rows(2048, 1024)
-    assert tensor_bytes(small) <= RESIDENT_FULL * cap and tensor_bytes(big) >= RESIDENT_NONE * cap
+    assert tensor_bytes(small) <= CPU_MODEL.resident_full * cap and tensor_bytes(big) >= CPU_MODEL.resident_none * cap
     assert resident_share(small, DEV) == 1.0 and resident_share(big, DEV) == 0.0
-    share = (RESIDENT_NONE - tensor_bytes(mid) / cap) / (RESIDENT_NONE - RESIDENT_FULL)
+    share = (CPU_MODEL.resident_none - tensor_bytes(mid) / cap) / (CPU_MODEL.resident_none - CPU_MODEL.resident_full)
     assert 0 < share < 1 and resident_share(mid, DEV) == pytest.approx(share)
     l2_total = DEV.level("L2").total_bandwidth_gbps
     assert source_bandwidth(small, DEV) == pytest.approx(l2_total)
@@ -453,12 +457,12 @@ def test_the_accumulator_tile_is_where_code_generation_puts_it():
 
 
 def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
-    from roller.plan.cost import WORKSPACE_TILE_CYCLES, cycle_seconds, workspace_seconds
+    from roller.plan.cost import cycle_seconds, workspace_seconds
     e = conv2d_nhwc(1, 56, 56, 24, 144, 1, 1)
     t = lambda h, k, c: {"n": 1, "h": h, "w": 1, "k": k, "r": 1, "s": 1, "c": c}
     l1, top = t(56, 48, 24), {**t(56, 144, 24), "w": 14}
     # 8 x 48 float32 accumulators (1.5 KiB) per register tile: 7 x 56 x 3 of them, each allocated
-    expected = 7 * 56 * 3 * WORKSPACE_TILE_CYCLES * cycle_seconds(DEV)
+    expected = 7 * 56 * 3 * CPU_MODEL.workspace_tile_cycles * cycle_seconds(DEV)
     assert math.isclose(workspace_seconds(e, [t(8, 48, 1), l1, top], DEV, "k"), expected)
     assert workspace_seconds(e, [t(4, 48, 1), l1, top], DEV, "k") == 0  # 768 B: a stack array
     # construction offers the stack-sized register tile beside the greedy one, and the model takes it here
@@ -467,7 +471,7 @@ def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
 
 
 def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
-    from roller.plan.cost import ACCUMULATOR_CYCLES, accumulator_seconds, cycle_seconds
+    from roller.plan.cost import accumulator_seconds, cycle_seconds
     e = conv2d_nhwc(1, 56, 56, 64, 256, 1, 1)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     reg, top = t(4, 1, 64, 1), t(28, 14, 256, 64)
@@ -476,7 +480,7 @@ def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
     # two chunks of 32 with 7 register tiles between them: zeroed, loaded and stored twice, copied out
     vectors = 56 * 56 * 256 // 16
     two = accumulator_seconds(e, [reg, t(28, 1, 64, 32), top], DEV, "k")
-    assert two == pytest.approx(vectors * 5 * ACCUMULATOR_CYCLES * cycle_seconds(DEV))
+    assert two == pytest.approx(vectors * 5 * CPU_MODEL.accumulator_cycles * cycle_seconds(DEV))
     assert accumulator_seconds(e, [reg, t(28, 1, 64, 16), top], DEV, "k") > two
     # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
     assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
@@ -526,10 +530,10 @@ def grouped_conv_rep(N, H, W, K, R, S, cg, kg):
 
 def test_a_repeating_stage_reads_its_source_and_writes_at_its_element_rate():
     """group_rep writes each input element kg times: the top level's fill and the copy's read are charged
-    at the input's size (1/kg of the region), the writes at REPLICATE_CYCLES an element, serial with the
+    at the input's size (1/kg of the region), the writes at CPU_MODEL.replicate_cycles an element, serial with the
     compute. ResNeXt's 3x3 conv on 56x56x128 in 32 groups of 4, its first plan on the 2-core host: 450 us
     predicted with the whole replica charged as traffic from L3, 237-250 us measured (2 threads), 285 now."""
-    from roller.plan.cost import REPLICATE_CYCLES, cycle_seconds, replicate_seconds
+    from roller.plan.cost import cycle_seconds, replicate_seconds
     from roller.plan.rtile import tensor_footprint
 
     e = grouped_conv_rep(1, 56, 56, 128, 3, 3, 4, 4)
@@ -545,7 +549,7 @@ def test_a_repeating_stage_reads_its_source_and_writes_at_its_element_rate():
     est, est_plain = estimate(e, tiles, DEV, "k"), estimate(plain, tiles, DEV, "k")
     saved = fill * (1 - 1 / 4) + region * 4 * tiles_count * (2 - 1 / 4)  # fill; copy: read and write -> read
     assert est.traffic_bytes["L2"] == pytest.approx(est_plain.traffic_bytes["L2"] - saved)
-    assert replicate_seconds(e, top, DEV) == pytest.approx(region * REPLICATE_CYCLES * cycle_seconds(DEV))
+    assert replicate_seconds(e, top, DEV) == pytest.approx(region * CPU_MODEL.replicate_cycles * cycle_seconds(DEV))
     assert replicate_seconds(plain, top, DEV) == 0.0
     assert est.seconds < est_plain.seconds
 
@@ -617,10 +621,9 @@ def test_an_operator_small_enough_runs_on_one_unit_where_the_thread_pool_would_c
 
 def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reuses_its_loads(monkeypatch):
     """Same accumulators (14 vectors), same tiles above: 14 pixels x one vector loads 15 vectors a step
-    for 14 FMAs, 7 x 2 vectors 9. Loads between FMAs reach model.REGISTER_LOAD_SHARE of the L1's stream
+    for 14 FMAs, 7 x 2 vectors 9. Loads between FMAs reach ``model.register_load_share`` of the L1's stream
     bandwidth, so the first is load-bound (1x1 conv 42x42x168, one thread: 910-1151 us against 687-707);
     at the full stream bandwidth the model tied them."""
-    import roller.plan.cost as model
     from roller.device.load import load_device
 
     dev = load_device("x86-avx512", calibrated=False)
@@ -630,14 +633,14 @@ def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reu
         reg = dict(n=1, h=h, w=1, k=k, r=1, s=1, c=1)
         return [reg, dict(reg, c=176), dict(reg, h=14, w=42, k=32, c=176)]
 
-    def ratio():
+    def ratio(dev=dev):
         narrow, wide = (estimate(expr, tiles(h, k), dev, "k", ()) for h, k in ((14, 16), (7, 32)))
         assert narrow.compute_seconds == pytest.approx(wide.compute_seconds)
         return narrow.seconds / wide.seconds
 
     assert ratio() > 1.25
-    monkeypatch.setattr(model, "REGISTER_LOAD_SHARE", 1.0)
-    assert ratio() == pytest.approx(1.0)
+    import dataclasses
+    assert ratio(dataclasses.replace(dev, model=dataclasses.replace(dev.model, register_load_share=1.0))) == pytest.approx(1.0)
 
 
 def test_the_avx512_register_budget_admits_six_by_four_vector_gemm_tiles_not_fourteen_window_rows():

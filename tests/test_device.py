@@ -116,3 +116,56 @@ def test_largest_cached_bytes_comes_from_the_calibration_sweep():
     sweep = {"sweep": {"one": [{"bytes": 4 << 20, "read": 41.0}, {"bytes": 8 << 20, "read": 31.0},
                                {"bytes": 16 << 20, "read": 29.0}, {"bytes": 64 << 20, "read": 10.0}]}}
     assert dev.with_calibration(sweep).largest_cached_bytes() == 8 << 20
+
+
+def _avx512_dict() -> dict:
+    import yaml
+
+    from roller.device.spec import shipped_specs
+    return yaml.safe_load(shipped_specs()["x86-avx512"].read_text())
+
+
+def test_a_spec_model_figure_reaches_the_estimate():
+    """A spec's ``model:`` entry replaces the family's default and the estimate reads it: doubling the parallel
+    launch's cycles adds one more launch to a plan that runs on both units."""
+    from roller.device.spec import device_from_dict
+    from roller.plan.cost import cycle_seconds, estimate
+    from policy_exprs import matmul
+
+    base = device_from_dict(_avx512_dict(), "x86-avx512")
+    assert base.model.parallel_launch_cycles == 3000 and "fitted" in base.model.sources["parallel_launch_cycles"]
+    data = _avx512_dict()
+    data["model"] = {"parallel_launch_cycles": {"value": 6000, "source": "test: doubled"}}
+    doubled = device_from_dict(data, "doubled")
+    assert doubled.model.parallel_launch_cycles == 6000
+    assert doubled.model.sources["parallel_launch_cycles"] == "test: doubled"
+    assert doubled.model.register_load_share == base.model.register_load_share  # the other entries: the defaults
+    assert doubled.to_dict()["model"]["parallel_launch_cycles"] == {"value": 6000, "source": "test: doubled"}
+    e = matmul(64, 64, 64)
+    tiles = [{"i": 4, "j": 16, "k": 1}, {"i": 8, "j": 32, "k": 64}, {"i": 32, "j": 64, "k": 64}]
+    one, two = estimate(e, tiles, base), estimate(e, tiles, doubled)
+    assert one.units == 2
+    assert two.seconds - one.seconds == pytest.approx(3000 * cycle_seconds(base), rel=1e-6)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"nonsense_cycles": {"value": 1, "source": "x"}}, "model: unknown field(s) nonsense_cycles"),
+    ({"fold_cycles": {"value": -2, "source": "x"}}, "model.fold_cycles.value: expected a positive number"),
+    ({"fold_cycles": 2.0}, "model.fold_cycles: expected a mapping"),
+    ({"fold_cycles": {"value": 2.0}}, "model.fold_cycles.source: expected a non-empty string"),
+    ({"untracked_line_cycles": {"value": 4.5, "source": "x"}},
+     "model.untracked_line_cycles.value: expected a positive integer"),
+    ({"register_load_share": {"value": 1.5, "source": "x"}},
+     "model.register_load_share.value: expected a number in (0, 1]"),
+    ({"fold_cycles": {"value": 2.0, "source": "x", "when": "now"}}, "model.fold_cycles: unknown field(s) when"),
+    ({"resident_none": {"value": 0.4, "source": "x"}}, "model.resident_none (0.4) must exceed"),
+])
+def test_a_malformed_model_entry_is_a_clear_spec_error(entry, message):
+    from roller.device.spec import device_from_dict
+    from roller.errors import DeviceSpecError
+
+    data = _avx512_dict()
+    data["model"] = entry
+    with pytest.raises(DeviceSpecError) as err:
+        device_from_dict(data, "bad.yaml")
+    assert str(err.value).startswith("bad.yaml: ") and message in str(err.value)

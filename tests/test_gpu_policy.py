@@ -217,10 +217,10 @@ def test_the_model_counts_waves_and_latency(a100):
     # 256 threads x 104 registers: 3328 a warp, 19 warps' worth per SM: 2 blocks of 8 warps
     assert one.registers == 104 and one.occupancy == Occupancy(2, 16, "registers") and one.estimate.waves == 1
     # twice the blocks: the busiest SM runs two, twice the time (but the launch)
-    launch = gpu_model.LAUNCH_SECONDS
+    launch = a100.model.launch_seconds
     assert two.estimate.seconds - launch == pytest.approx(2 * (one.estimate.seconds - launch), rel=1e-6)
     # 256 threads = 8 warps: enough to hide latency; a 32-thread block is not, and runs at 1/8 of the peak
-    assert gpu_model.latency_efficiency(8) == 1.0 and gpu_model.latency_efficiency(1) == 1 / 8
+    assert gpu_model.latency_efficiency(8, a100) == 1.0 and gpu_model.latency_efficiency(1, a100) == 1 / 8
     # compute per block at the SM's fp32 peak: 128 x 128 x 1024 x 2 flops
     assert one.estimate.compute_seconds == pytest.approx(128 * 128 * 1024 * 2 / (a100.units.peak("float32") * 1e9))
 

@@ -17,6 +17,9 @@ from roller.errors import BuildError
 from roller.plan.rprogram import RProgram
 from roller.plan.tails import overhangs, tail_options
 from roller.plan.rtile import default_vector_axis
+from roller.device.spec import family_model
+
+CPU_MODEL = family_model("cpu")  # the model figures every CPU spec has by default
 
 LEVELS = ("reg", "L1", "L2")
 
@@ -265,12 +268,12 @@ def test_units_that_split_the_outputs_contiguous_rows_inside_a_line_are_charged_
     one, 8.3 split over the rows): those lines move between the units. None when the rows are whole lines
     (96 channels), another axis is split too, or one unit runs it."""
     from policy_exprs import elementwise
-    from roller.plan.cost import FALSE_SHARING_SECONDS, false_sharing_seconds
+    from roller.plan.cost import false_sharing_seconds
 
     odd, even = elementwise(196, 90), elementwise(196, 96)
     channels = dict(a0=196, a1=16)  # six top tiles of channels, every row in each
     # the boundary after tile 3 (48 channels, 192 bytes) in rows of 360 bytes: whole lines in 1 row of 8
-    assert false_sharing_seconds(odd, channels, device, 2) == pytest.approx(196 * 7 / 8 * FALSE_SHARING_SECONDS)
+    assert false_sharing_seconds(odd, channels, device, 2) == pytest.approx(196 * 7 / 8 * CPU_MODEL.false_sharing_seconds)
     assert false_sharing_seconds(even, channels, device, 2) == 0.0
     assert false_sharing_seconds(odd, dict(a0=98, a1=16), device, 2) == 0.0  # the rows are split too
     assert false_sharing_seconds(odd, channels, device, 1) == 0.0

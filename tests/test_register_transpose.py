@@ -1,3 +1,4 @@
+import dataclasses
 """Transposed packs in registers (roller.targets.cpu.transpose): the butterfly transposes, whole blocks of a
 linear layer's [N, K] weight are shuffled, an overhanging tile's copy stays scattered, and the model
 counts the two apart. Every kernel is checked against numpy."""
@@ -87,9 +88,9 @@ def test_model_charges_register_transposes_at_their_own_rate(monkeypatch):
     laid = layout_expr(expr, "n")
     monkeypatch.setattr(model, "imbalance_seconds", lambda *a: 0.0)  # a share of the tile's time: not this term
     with_copy = model.estimate(laid, tiles, DEV, "n")
-    cycles = model.REGISTER_TRANSPOSE_CYCLES
-    monkeypatch.setattr(model, "REGISTER_TRANSPOSE_CYCLES", 0.0)
-    monkeypatch.setattr(model, "TRANSPOSE_CYCLES", 0.0)
-    without = model.estimate(laid, tiles, DEV, "n")
+    cycles = DEV.model.register_transpose_cycles
+    free = dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, register_transpose_cycles=0.0,
+                                                              transpose_cycles=0.0))
+    without = model.estimate(laid, tiles, free, "n")
     per_tile = 128 * 512 * cycles * model.cycle_seconds(DEV)  # the top tile's [K, N] block of B, whole 16 x 16s
     assert with_copy.seconds - without.seconds == pytest.approx(with_copy.waves * per_tile, rel=1e-6)

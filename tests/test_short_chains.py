@@ -6,9 +6,12 @@ import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, matmul, spec_error
 from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr
-from roller.plan.cost import (SLICED_LINE_CYCLES, accumulation_chain, accumulator_efficiency, cycle_seconds,
+from roller.plan.cost import (accumulation_chain, accumulator_efficiency, cycle_seconds,
                               estimate, halo_bytes, sliced_row_seconds, top_step_axis)
 from roller.plan.rtile import LevelRules, tensor_footprint, tile_counts
+from roller.device.spec import family_model
+
+CPU_MODEL = family_model("cpu")  # the model figures every CPU spec has by default
 
 UNITS = {"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 100.0}, "accumulators_for_peak": 10}
 OVERLAP = cpu(units={**UNITS, "reorder_window": 64})
@@ -114,7 +117,7 @@ def test_l1_tiles_walking_channel_slices_pay_per_line():
     assert sliced_row_seconds(pool, [reg, whole, top], STREAMS, "c") == 0.0
     assert sliced_row_seconds(pool, [reg, pixel, top], STREAMS, "c") == 0.0  # 9 rows: the prefetcher follows
     lines = 83 * 6 * 3 * 85  # L1 tiles x one 64-byte line per pixel of the slice (rows of 16 floats)
-    expect = lines * (1 - 1 / 6) * (1 - 32 / 255) * SLICED_LINE_CYCLES * cycle_seconds(STREAMS)
+    expect = lines * (1 - 1 / 6) * (1 - 32 / 255) * CPU_MODEL.sliced_line_cycles * cycle_seconds(STREAMS)
     assert sliced_row_seconds(pool, [reg, wide, top], STREAMS, "c") == pytest.approx(expect)
     # not where the input is packed, nor without a known prefetcher, nor along a reduced vector axis
     assert sliced_row_seconds(pool, [reg, wide, top], STREAMS, "c", packed=("X",)) == 0.0

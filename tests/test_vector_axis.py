@@ -1,3 +1,4 @@
+import dataclasses
 """The vector axis is a plan choice (roller.plan.rtile.vector_candidates, ranked by the model): the cases where
 a fixed 'most bytes' rule picked a reduction with a tiny register tile, pinned, and built against numpy."""
 import numpy as np
@@ -101,17 +102,15 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     laid = layout_expr(e, "n")
     tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 16, "n": 32, "k": 64}, {"m": 32, "n": 128, "k": 512}]
     with_copy = model.estimate(laid, tiles, DEV, "n")
-    cycles = model.TRANSPOSE_CYCLES
-    monkeypatch.setattr(model, "TRANSPOSE_CYCLES", 0.0)
-    without = model.estimate(laid, tiles, DEV, "n")
+    cycles = DEV.model.transpose_cycles
+    without = model.estimate(laid, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, transpose_cycles=0.0)), "n")
     per_tile = 128 * 512 * cycles * model.cycle_seconds(DEV)  # the top tile's [K, N] region of B, once
     assert with_copy.seconds - without.seconds == pytest.approx(with_copy.waves * per_tile, rel=1e-6)
 
     tiles = [{"m": 2, "n": 2, "k": 16}, {"m": 4, "n": 8, "k": 128}, {"m": 32, "n": 64, "k": 512}]
     folded = model.estimate(e, tiles, DEV, "k")
-    cycles = model.FOLD_CYCLES
-    monkeypatch.setattr(model, "FOLD_CYCLES", 0.0)
-    unfolded = model.estimate(e, tiles, DEV, "k")
+    cycles = DEV.model.fold_cycles
+    unfolded = model.estimate(e, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, fold_cycles=0.0)), "k")
     per_tile = 32 * 64 * 16 * cycles * model.cycle_seconds(DEV)  # every output's 16 lanes
     assert folded.seconds - unfolded.seconds == pytest.approx(folded.waves * per_tile, rel=1e-6)
 
@@ -121,7 +120,7 @@ def test_model_charges_padding_copies_per_element_serially():
     whole vectors where its rows are (96 channels), one by one where not (84), whatever the traffic."""
     from roller.plan import cost as model
 
-    for channels, cycles in ((84, model.STAGE_COPY_CYCLES), (96, model.STAGE_VECTOR_COPY_CYCLES)):
+    for channels, cycles in ((84, DEV.model.stage_copy_cycles), (96, DEV.model.stage_vector_copy_cycles)):
         e = op_expr("conv2d", dict(N=1, H=42, W=42, C=channels, K=channels, R=3, S=3, pad=1))
         assert e.staged == ("pad_temp",)
         top = {"n": 1, "h": 42, "w": 42, "k": 16, "r": 3, "s": 3, "c": channels}

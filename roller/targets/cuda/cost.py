@@ -23,17 +23,9 @@ from roller.targets.cuda.rules import (GpuLevelRules, Occupancy, occupancy, shar
 from roller.plan.cost import Estimate, cycle_seconds, data_source
 from roller.plan.rtile import ceil_div, footprint, round_up, tile_counts, traffic
 
-# Resident warps an SM needs to keep its pipes busy: 4 schedulers per SM (Volta to Hopper whitepapers),
-# each needing 2 warps to issue from while the other waits on a dependent FMA or a shared-memory load.
-# An assumption of the model, not measured here (no GPU).
-WARPS_FOR_PEAK = 8
-
-# Cycles of one reduction step's two barriers (__syncthreads before and after the shared-memory fill),
-# during which the SM does no arithmetic for this block. An assumption, not measured here (no GPU).
-SYNC_CYCLES = 40
-
-# A kernel launch's fixed cost (driver and grid start), typical of CUDA; assumed, not measured (no GPU).
-LAUNCH_SECONDS = 3e-6
+# The model's assumed figures (no GPU measured them yet) come from the spec's ``model:`` section
+# (hwspecs/families/gpu.yaml): device.model.warps_for_peak (resident warps an SM needs to keep its pipes
+# busy), sync_cycles (one reduction step's two barriers) and launch_seconds (a kernel launch's fixed cost).
 
 
 @dataclass(frozen=True)
@@ -53,9 +45,10 @@ class GpuEstimate:
                 **self.occupancy.to_dict()}
 
 
-def latency_efficiency(warps_per_sm: int) -> float:
-    """Fraction of the SM's peak that ``warps_per_sm`` resident warps reach (WARPS_FOR_PEAK for all of it)."""
-    return min(1.0, warps_per_sm / WARPS_FOR_PEAK)
+def latency_efficiency(warps_per_sm: int, device: Device) -> float:
+    """Fraction of the SM's peak that ``warps_per_sm`` resident warps reach (``model.warps_for_peak`` for all
+    of it)."""
+    return min(1.0, warps_per_sm / device.model.warps_for_peak)
 
 
 def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> GpuEstimate:
@@ -72,7 +65,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> 
     sms = min(device.units.count, blocks)
     per_sm = ceil_div(blocks, device.units.count)
     resident = max(1, min(occ.blocks_per_sm, per_sm)) * ceil_div(threads, device.units.warp_threads)
-    rate = device.units.peak(expr.dtype) * 1e9 * latency_efficiency(resident)
+    rate = device.units.peak(expr.dtype) * 1e9 * latency_efficiency(resident, device)
 
     padded_points = math.prod(round_up(a.extent, block[a.name]) for a in expr.axes)
     flops_block = padded_points * expr.flops_per_point / blocks
@@ -84,8 +77,8 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device) -> 
     compute = flops_block / rate
     mem = {levels[0].name: q_reg / blocks / (levels[1].bandwidth_gbps * 1e9),
            levels[1].name: q_smem / blocks / global_bw}
-    per_block = max([compute, *mem.values()]) + steps * SYNC_CYCLES * cycle_seconds(device)
-    seconds = per_block * per_sm + LAUNCH_SECONDS if occ.blocks_per_sm else math.inf
+    per_block = max([compute, *mem.values()]) + steps * device.model.sync_cycles * cycle_seconds(device)
+    seconds = per_block * per_sm + device.model.launch_seconds if occ.blocks_per_sm else math.inf
     foot = {levels[0].name: footprint(expr, thread, rules[0]), levels[1].name: smem}
     est = Estimate(seconds=seconds, compute_seconds=compute * per_sm,
                    memory_seconds={k: v * per_sm for k, v in mem.items()},

@@ -30,25 +30,17 @@ from typing import Mapping
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
-from roller.targets.cuda.cost import LAUNCH_SECONDS, SYNC_CYCLES, GpuEstimate, latency_efficiency
+from roller.targets.cuda.cost import GpuEstimate, latency_efficiency
 from roller.targets.cuda.rules import GpuLevelRules, SHARED_ALIGN_BYTES, occupancy, waves
 from roller.plan.cost import Estimate, cycle_seconds, data_source
 from roller.plan.rtile import ceil_div, round_up, tile_counts, traffic
 
-# Cycles of one step of the cross-thread combine (a warp shuffle and an add, dependent on the previous
-# step); an assumption of the model, not measured here (no GPU).
-SHUFFLE_CYCLES = 30
-# Registers a thread of a block-level reduction needs (its partial sum, the combine's temporaries, indices);
-# the model's estimate: ptxas reported 16-24 for these kernels on sm_80 (tests/test_gpu_reduce.py checks
-# the build against the device's limits with ptxas's count).
-REDUCE_REGISTERS = 24
 MAX_ROWS_PER_BLOCK = 8  # rows a block takes at most (S): more leaves too few blocks for few rows
-# Latency hiding of the loads (Little's law): an SM streams at its share of the bandwidth only with that
-# bandwidth x the load latency in flight. A thread has about LOADS_IN_FLIGHT loads of its strided loop in
-# flight (nvcc unrolls it by 4); the latencies are typical of Volta to Hopper, in cycles. Assumptions of the
-# model, not measured here (no GPU).
-LOADS_IN_FLIGHT = 4
-LATENCY_CYCLES = {"L2": 300, "DRAM": 600}
+# The model's figures from the spec's ``model:`` section (hwspecs/families/gpu.yaml): shuffle_cycles (one
+# dependent step of the cross-thread combine), reduce_registers (a thread's registers: ptxas reported 16-24
+# on sm_80; tests/test_gpu_reduce.py checks the build with ptxas's count), and for latency hiding (Little's
+# law: an SM streams at its share of the bandwidth only with bandwidth x latency in flight) loads_in_flight
+# (a thread's strided loads in flight) and l2_latency_cycles / dram_latency_cycles.
 
 
 def reduce_axis(expr: Expr, device: Device) -> str | None:
@@ -107,10 +99,11 @@ def reduction_shared_bytes(rows: int, reduce_threads: int, device: Device) -> in
 
 def load_efficiency(expr: Expr, source, warps: int, bandwidth: float, device: Device) -> float:
     """Share of ``bandwidth`` (bytes/s, one SM's) that ``warps`` resident warps reach: the bytes they have
-    in flight (a warp's LOADS_IN_FLIGHT loads of one element a thread) over bandwidth x latency."""
-    latency = LATENCY_CYCLES["DRAM" if source is device.levels[-1] else "L2"] * cycle_seconds(device)
+    in flight (a warp's ``model.loads_in_flight`` loads of one element a thread) over bandwidth x latency."""
+    cycles = device.model.dram_latency_cycles if source is device.levels[-1] else device.model.l2_latency_cycles
+    latency = cycles * cycle_seconds(device)
     elem = min(t.elem_bytes for t in expr.inputs)
-    in_flight = warps * device.units.warp_threads * elem * LOADS_IN_FLIGHT
+    in_flight = warps * device.units.warp_threads * elem * device.model.loads_in_flight
     return min(1.0, in_flight / (bandwidth * latency))
 
 
@@ -121,26 +114,26 @@ def estimate_block_reduction(expr: Expr, thread: Mapping[str, int], block: Mappi
     rows = math.prod(block[a.name] for a in expr.axes if a.kind != REDUCE)
     threads = rows * reduce_threads
     smem = reduction_shared_bytes(rows, reduce_threads, device)
-    occ = occupancy(device, threads, REDUCE_REGISTERS, smem)
+    occ = occupancy(device, threads, device.model.reduce_registers, smem)
     total, blocks = tile_counts(expr, block)
     per_sm = ceil_div(blocks, device.units.count)
     sms = min(device.units.count, blocks)
     resident = max(1, min(occ.blocks_per_sm, per_sm)) * ceil_div(threads, device.units.warp_threads)
-    rate = device.units.peak(expr.dtype) * 1e9 * latency_efficiency(resident)
+    rate = device.units.peak(expr.dtype) * 1e9 * latency_efficiency(resident, device)
     padded_points = math.prod(round_up(a.extent, block[a.name]) for a in expr.axes)
     compute = padded_points * expr.flops_per_point / blocks / rate
     q_global = traffic(expr, block, GpuLevelRules.of(device, 1, expr))  # every element once, in sectors
     source = data_source(expr, device)
     global_bw = min(source.bandwidth_gbps, source.total_bandwidth_gbps / sms) * 1e9
     mem = q_global / blocks / (global_bw * load_efficiency(expr, source, resident, global_bw, device))
-    combine = math.ceil(math.log2(reduce_threads)) * SHUFFLE_CYCLES
+    combine = math.ceil(math.log2(reduce_threads)) * device.model.shuffle_cycles
     if reduce_threads > device.units.warp_threads:
-        combine += SYNC_CYCLES
+        combine += device.model.sync_cycles
     per_block = max(compute, mem) + combine * cycle_seconds(device)
-    seconds = per_block * per_sm + LAUNCH_SECONDS if occ.blocks_per_sm else math.inf
+    seconds = per_block * per_sm + device.model.launch_seconds if occ.blocks_per_sm else math.inf
     est = Estimate(seconds=seconds, compute_seconds=compute * per_sm,
                    memory_seconds={levels[0].name: 0.0, levels[1].name: mem * per_sm},
                    traffic_bytes={levels[0].name: 0, levels[1].name: q_global},
                    footprint_bytes={levels[0].name: 4, levels[1].name: smem},
                    tiles=blocks, units=sms, waves=waves(blocks, device, occ.blocks_per_sm))
-    return GpuEstimate(est, threads, REDUCE_REGISTERS, smem, occ, total // blocks)
+    return GpuEstimate(est, threads, device.model.reduce_registers, smem, occ, total // blocks)

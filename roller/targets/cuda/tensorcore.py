@@ -24,7 +24,7 @@ from typing import Mapping
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
-from roller.targets.cuda.cost import LAUNCH_SECONDS, SYNC_CYCLES, GpuEstimate, latency_efficiency
+from roller.targets.cuda.cost import GpuEstimate, latency_efficiency
 from roller.targets.cuda.rules import GpuLevelRules, occupancy, waves
 from roller.plan.cost import Estimate, cycle_seconds, data_source
 from roller.plan.rtile import ceil_div, round_up, tile_counts, traffic
@@ -118,7 +118,7 @@ def estimate_tensorcore(expr: Expr, warp: Mapping[str, int], block: Mapping[str,
     per_sm = ceil_div(blocks, device.units.count)
     sms = min(device.units.count, blocks)
     resident = max(1, min(blocks_per_sm, per_sm)) * threads // 32
-    rate = device.units.tensor_peak_gflops["float16"] * 1e9 * latency_efficiency(resident)
+    rate = device.units.tensor_peak_gflops["float16"] * 1e9 * latency_efficiency(resident, device)
     padded = math.prod(round_up(a.extent, block[a.name]) for a in expr.axes)
     compute = padded * expr.flops_per_point / blocks / rate
     # fragments from shared memory: per reduction fragment, each warp loads frags_m A and frags_n B fragments
@@ -129,8 +129,8 @@ def estimate_tensorcore(expr: Expr, warp: Mapping[str, int], block: Mapping[str,
     global_bw = min(source.bandwidth_gbps, source.total_bandwidth_gbps / sms) * 1e9
     mem = {levels[0].name: q_frag / blocks / (levels[1].bandwidth_gbps * 1e9),
            levels[1].name: q_global / blocks / global_bw}
-    per_block = max([compute, *mem.values()]) + steps * SYNC_CYCLES * cycle_seconds(device)
-    seconds = per_block * per_sm + LAUNCH_SECONDS if blocks_per_sm else math.inf
+    per_block = max([compute, *mem.values()]) + steps * device.model.sync_cycles * cycle_seconds(device)
+    seconds = per_block * per_sm + device.model.launch_seconds if blocks_per_sm else math.inf
     est = Estimate(seconds=seconds, compute_seconds=compute * per_sm,
                    memory_seconds={lv: v * per_sm for lv, v in mem.items()},
                    traffic_bytes={levels[0].name: q_frag, levels[1].name: q_global},

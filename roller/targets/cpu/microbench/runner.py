@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from roller.device.spec import ComputeUnits, Device, MemoryLevel
+from roller.device.spec import ComputeUnits, Device, MemoryLevel, family_model, model_constants
 from roller.errors import CalibrationError
 
 from roller.targets.cpu.microbench import kernels as K
@@ -35,7 +35,8 @@ def device_from_json(d: dict) -> Device:
     levels = tuple(MemoryLevel(**lv) for lv in d["levels"])
     return Device(name=d["name"], kind=d["kind"], target=d["target"], units=units, levels=levels,
                   description=d.get("description", ""), source=d.get("source", ""),
-                  fingerprint=d.get("fingerprint", ""))
+                  fingerprint=d.get("fingerprint", ""),
+                  model=model_constants(d.get("model") or {}, "the plan's device", base=family_model(d["kind"])))
 
 
 def rate_stats(work: float, seconds: list[float]) -> dict:
