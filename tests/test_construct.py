@@ -10,7 +10,7 @@ from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
 from roller.plan.cost import TIE, estimate, launch_seconds, tile_overhead
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
-                               compute_lanes, footprint, padding_waste, round_up, tile_counts)
+                               compute_lanes, default_vector_axis, footprint, padding_waste, round_up, tile_counts)
 from roller.plan.tails import serial_tail, tiling_extents
 from roller.device.spec import family_model
 
@@ -220,7 +220,7 @@ def test_accumulator_efficiency_counts_independent_vectors():
     assert accumulator_efficiency(e, {"i": 4, "j": 64, "k": 1}, spec_dev, "j") == 1.0
     # a row sum vectorized along the reduced axis keeps one vector accumulator per output row
     r = reduce_rows(64, 1024)
-    assert r.vector_axis == "k"
+    assert default_vector_axis(r) == "k"
     assert accumulator_efficiency(r, {"i": 2, "k": 16}, spec_dev, "k") == 2 / 8
     assert accumulator_efficiency(e, {"i": 1, "j": 16, "k": 1}, DEV, "j") == 1.0  # spec without the field
     slow = estimate(e, [{"i": 1, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
