@@ -9,8 +9,9 @@ rule chain, compiles it alone into a library and publishes it (one compile per k
 processes and, through Redis, machines). The Relax module then calls each cached library by name
 (``call_tir`` becomes ``call_dps_packed`` of a global function registered in this process), so that a
 second process compiling the same model loads the libraries and compiles only the Relax part.
-Functions go through two worker threads: one schedules (Python, one at a time: the rule chain keeps
-state) while the other compiles the function before (LLVM and the linker release the GIL).
+Functions go through two worker threads: one schedules (Python, one at a time: the rules keep no state,
+but scheduling holds the GIL, so a second scheduler would only wait) while the other compiles the
+function before (LLVM and the linker release the GIL).
 
 Such an executable depends on those registrations: :meth:`roller.models.frontend.CompiledModel.export` compiles
 the scheduled functions into one self-contained library instead (``CompiledModel.module``).

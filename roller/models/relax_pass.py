@@ -3,7 +3,8 @@
 The pass has the shape of ``tvm.s_tir.dlight.ApplyDefaultSchedule``: it takes an IRModule after
 legalization and fusion (``relax.get_pipeline("zero")``-style) and returns it with every PrimFunc that
 was not yet scheduled scheduled and marked ``tirx.is_scheduled`` (later passes leave such functions
-alone). Each function goes down a chain of rules, each ``apply(func, device) -> Schedule | None``:
+alone). Each function goes down a chain of rules (:mod:`roller.models.rules`), each
+``apply(func, device, constants) -> Scheduled | Declined`` and keeping no state of its own:
 
 1. ``RollerRule``: a function whose main block roller's analysis accepts (one reduction such as a
    convolution, a matmul, a pool or a mean, with its padding stage and its elementwise epilogues; or one
@@ -18,6 +19,8 @@ alone). Each function goes down a chain of rules, each ``apply(func, device) -> 
 A function none of them schedules stays as it is and the report says so (``scheduled_by: "none"``).
 The report (:class:`FunctionReport`) gives per function the rule that scheduled it, the seconds spent
 and why the rules before it declined. Structurally identical functions are scheduled once.
+``ScheduleModule(device).as_pass()`` is the driver as a ``tvm.transform`` module pass; the constants
+the scheduled functions take packed are packed by :mod:`roller.models.constants`.
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ from roller.models.constants import (  # noqa: F401  (re-exported: callers find 
 from roller.models.rules import (  # noqa: F401
     PLAN_SPREAD,
     DlightRule,
+    Declined,
     GenericRule,
     RollerRule,
     Rule,
+    Scheduled,
     _first_line,
     _schedule_errors,
     default_rules,
@@ -118,6 +123,17 @@ class ScheduleModule:
         self.profile, self.topk, self.profile_budget = profile, topk, profile_budget
         self.report: list[FunctionReport] = []
 
+    def as_pass(self):
+        """This driver as a ``tvm.transform.ModulePass`` (name ``roller.ScheduleModule``, opt_level 0), for
+        ``tvm.transform.Sequential`` or ``pass(mod)``; after it runs, this object's ``report`` is its."""
+        import tvm
+
+        return tvm.transform.module_pass(self.transform_module, opt_level=0, name="roller.ScheduleModule")
+
+    def transform_module(self, mod, ctx=None):
+        """The pass's body (``tvm.transform.module_pass``'s signature): :meth:`__call__`."""
+        return self(mod)
+
     def __call__(self, mod):
         import tvm
         import tvm_ffi
@@ -161,15 +177,15 @@ class ScheduleModule:
         t0 = time.perf_counter()
         declined: dict[str, str] = {}
         for rule in self.rules:
-            sch, why = rule.attempt_with(func, self.device, constants)
-            if sch is not None and self.verify:
-                why = check_schedule(func, sch.mod["main"], self.device, prepacked=rule.prepacked)
-                sch = None if why else sch
-            if sch is not None:
-                return (sch.mod["main"].with_attr(SCHEDULED_ATTR, True),
-                        FunctionReport(name, rule.name, time.perf_counter() - t0, declined, plan=rule.plan,
-                                       notes=rule.notes, prepacked=dict(rule.prepacked)))
-            declined[rule.name] = why
+            out = rule.apply(func, self.device, constants)
+            if isinstance(out, Scheduled) and self.verify:
+                why = check_schedule(func, out.schedule.mod["main"], self.device, prepacked=out.prepacked)
+                out = Declined(why) if why else out
+            if isinstance(out, Scheduled):
+                return (out.schedule.mod["main"].with_attr(SCHEDULED_ATTR, True),
+                        FunctionReport(name, rule.name, time.perf_counter() - t0, declined, plan=out.plan,
+                                       notes=out.notes, prepacked=dict(out.prepacked)))
+            declined[rule.name] = out.reason
         return None, FunctionReport(name, "none", time.perf_counter() - t0, declined)
 
     def _profile(self, mod, originals: dict) -> None:
@@ -201,23 +217,27 @@ class ScheduleModule:
                 rep.profiled = f"not profiled: the profiling budget ({self.profile_budget:g} s) was spent"
                 continue
             t = time.perf_counter()
-            sch, rep.profiled = rule.profiled(originals[by_name[name]], self.device, self.topk,
-                                              constants=constants.get(name, frozenset()))
+            out = rule.profiled(originals[by_name[name]], self.device, self.topk,
+                                constants=constants.get(name, frozenset()))
             rep.seconds += time.perf_counter() - t
-            if sch is not None and self.verify:
-                why = check_schedule(originals[by_name[name]], sch.mod["main"], self.device, prepacked=rule.prepacked)
-                if why:
-                    sch, rep.profiled = None, f"profiled plan failed the check ({why}): the first plan stays"
-            if sch is None:
+            if isinstance(out, Declined):
+                rep.profiled = out.reason
                 continue
-            scheduled = sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
-            rep.plan, rep.notes = rule.plan, rule.notes
+            rep.profiled = out.detail
+            if self.verify:
+                why = check_schedule(originals[by_name[name]], out.schedule.mod["main"], self.device,
+                                     prepacked=out.prepacked)
+                if why:
+                    rep.profiled = f"profiled plan failed the check ({why}): the first plan stays"
+                    continue
+            scheduled = out.schedule.mod["main"].with_attr(SCHEDULED_ATTR, True)
+            rep.plan, rep.notes = out.plan, out.notes
             for r in self.report:
                 if r.name == name or r.reused == name:
                     mod[by_name[r.name]] = scheduled
-                    r.prepacked = dict(rule.prepacked)
+                    r.prepacked = dict(out.prepacked)
                     if r.reused == name:
-                        r.plan = rule.plan
+                        r.plan = out.plan
         for r in self.report:
             if r.reused in share:
                 r.profiled = f"as {r.reused}"

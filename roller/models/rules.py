@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from roller.device.spec import Device
 from roller.errors import RollerError
 
@@ -15,33 +17,40 @@ from roller.errors import RollerError
 PLAN_SPREAD = 2.0
 
 
-class Rule:
-    """A scheduling rule: ``apply(func, device)`` returns a ``tvm.s_tir.Schedule`` or None.
+@dataclass(frozen=True)
+class Scheduled:
+    """A rule scheduled the function: ``schedule`` (a ``tvm.s_tir.Schedule``), roller's ``plan`` (tiles per
+    level, vector axis; None from the other rules), ``notes`` on what the schedule left out, the constant
+    parameters it takes packed (``prepacked``: parameter -> ``roller.plan.prepack.PackedLayout.to_dict()``)
+    and, from :meth:`RollerRule.profiled`, what profiling chose (``detail``)."""
 
-    Subclasses implement :meth:`attempt`, which also says why the rule declined; a rule never raises for
-    a function it cannot schedule. ``plan`` / ``notes`` / ``prepacked`` describe the last successful
-    attempt (reports).
+    schedule: object
+    plan: dict | None = None
+    notes: tuple[str, ...] = ()
+    prepacked: dict = field(default_factory=dict)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A rule did not schedule the function, and ``reason`` says why (one line)."""
+
+    reason: str
+
+
+class Rule:
+    """A scheduling rule: ``apply(func, device, constants)`` returns :class:`Scheduled` or :class:`Declined`,
+    never raising for a function it cannot schedule. A rule keeps no state between calls (nothing is
+    written on it), so one instance may serve several threads.
+
+    ``constants`` names the parameters that are constants at every call: a rule may then take some of them
+    packed (``Scheduled.prepacked``). By default it does not.
     """
 
     name = "rule"
 
-    def __init__(self):
-        self.plan: dict | None = None
-        self.notes: tuple[str, ...] = ()
-        self.prepacked: dict[str, dict] = {}
-
-    def attempt(self, func, device: Device):
-        """(Schedule, "") when the rule schedules ``func``, else (None, why not)."""
+    def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         raise NotImplementedError
-
-    def attempt_with(self, func, device: Device, constants: frozenset[str]):
-        """:meth:`attempt`, where the parameters named in ``constants`` are constants at every call: a rule
-        may then take some of them packed (its ``prepacked``: parameter -> layout). By default it does not."""
-        self.prepacked = {}
-        return self.attempt(func, device)
-
-    def apply(self, func, device: Device):
-        return self.attempt(func, device)[0]
 
 
 def _schedule_errors() -> tuple[type, ...]:
@@ -65,26 +74,24 @@ class RollerRule(Rule):
 
     name = "roller"
 
-    def attempt(self, func, device: Device):
-        return self.attempt_with(func, device, frozenset())
-
-    def attempt_with(self, func, device: Device, constants: frozenset[str]):
-        """The model's first plan; the constants it packs arrive packed (``roller.plan.prepack``)."""
+    def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
+        """The model's first plan for a function with one main block; the constants it packs arrive packed
+        (``roller.plan.prepack``). A function the one-block analysis declines goes to :meth:`_row_wise`."""
         from roller.builder.api import analyze
         from roller.targets import target_of
 
-        self.plan, self.notes, self.prepacked = None, (), {}
         try:
             expr, norm = analyze(func)
         except RollerError as e:
-            return self._attempt_rows(func, device, str(e))
+            return self._row_wise(func, device, str(e))
         try:
             program = target_of(device).construct(expr, device, 1, constants).programs[0]
         except _schedule_errors() as e:
-            return None, f"not planned: {_first_line(e)}"
+            return Declined(f"not planned: {_first_line(e)}")
         return self._schedule(norm, expr, program, device)
 
-    def _schedule(self, norm, expr, program, device: Device):
+    @staticmethod
+    def _schedule(norm, expr, program, device: Device) -> Scheduled | Declined:
         from roller.targets import schedule
         from roller.plan.prepack import program_layouts
 
@@ -93,22 +100,20 @@ class RollerRule(Rule):
             sch = schedule(norm, expr, program, device, notes)
             prepacked = {n: layout.to_dict() for n, layout in program_layouts(expr, program, device).items()}
         except _schedule_errors() as e:
-            return None, f"planned but not scheduled: {_first_line(e)}"
-        self.prepacked = prepacked
-        self.plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
-                     "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
-                     "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
-        self.notes = tuple(notes)
-        return sch, ""
+            return Declined(f"planned but not scheduled: {_first_line(e)}")
+        plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
+                "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
+                "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
+        return Scheduled(sch, plan, tuple(notes), prepacked)
 
     def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD,
-                 constants: frozenset[str] = frozenset()):
-        """(Schedule or None, what happened): the plans among the model's top ``topk`` predicted within
+                 constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
+        """:class:`Scheduled` (its ``detail`` says what profiling chose) or :class:`Declined` (why the first
+        plan stays): the plans among the model's top ``topk`` predicted within
         ``spread`` times the first plan's time are built, checked against TVM's unscheduled build and timed
         in worker processes (:func:`roller.builder.api.build`, through the kernel cache), and the fastest is
         scheduled, taking the ``constants`` it can packed (timed with their packing in the kernel: the
-        tiles it chose are what profiling decides). None (the first plan stays) when fewer than two plans
-        are that close."""
+        tiles it chose are what profiling decides). Declined when fewer than two plans are that close."""
         import dataclasses
 
         from roller.builder.api import analyze, build
@@ -116,32 +121,32 @@ class RollerRule(Rule):
         from roller.targets import target_of
         from roller.plan.rtile import compute_lanes
 
-        self.plan, self.notes, self.prepacked = None, (), {}
         expr, norm = analyze(func)
         programs = target_of(device).construct(expr, device, topk).programs
         first = programs[0].predicted_seconds
         k = sum(1 for p in programs if p.predicted_seconds <= first * spread)
         if k < 2:
             nxt = f"{programs[1].predicted_seconds / first:.1f}x" if len(programs) > 1 else "no"
-            return None, f"not profiled: the model's next plan is predicted {nxt} slower"
+            return Declined(f"not profiled: the model's next plan is predicted {nxt} slower")
         try:
             result = build(norm.with_attr("global_symbol", "main"), device, topk=k, profile=True, name=expr.name)
         except _schedule_errors() as e:
-            return None, f"not profiled: {_first_line(e)}"
+            return Declined(f"not profiled: {_first_line(e)}")
         measured = [c["measured_seconds"] for c in result.report["candidates"]]
         chosen = result.report["chosen"]
         program = result.program
         if constants:
             program = dataclasses.replace(program, prepacked=prepackable(
                 expr, program.tiles, program.vector_axis, compute_lanes(expr, device), program.padded, constants))
-        sch, why = self._schedule(norm, expr, program, device)
-        if sch is None:
-            return None, f"profiled plan not scheduled: {why}"
+        out = self._schedule(norm, expr, program, device)
+        if isinstance(out, Declined):
+            return Declined(f"profiled plan not scheduled: {out.reason}")
         base = f"{measured[0] * 1e6:.3g} us" if measured[0] else "failed"
-        return sch, (f"top-{k} profiled ({result.report.get('cache', 'off')}): plan {chosen} "
-                     f"{measured[chosen] * 1e6:.3g} us, first plan {base}")
+        return dataclasses.replace(out, detail=(f"top-{k} profiled ({result.report.get('cache', 'off')}): plan "
+                                                f"{chosen} {measured[chosen] * 1e6:.3g} us, first plan {base}"))
 
-    def _attempt_rows(self, func, device: Device, why_not_one: str):
+    @staticmethod
+    def _row_wise(func, device: Device, why_not_one: str) -> Scheduled | Declined:
         """A function with several reductions run row by row (:mod:`roller.plan.rows`); declined with both
         analyses' reasons when it is not one."""
         from roller.tir.analysis import analyze_rows
@@ -151,29 +156,27 @@ class RollerRule(Rule):
         try:
             fn, norm = analyze_rows(func)
         except RollerError as e:
-            return None, f"{why_not_one}; as a row-wise function: {e}"
-        plan = plan_rows(fn, device)
+            return Declined(f"{why_not_one}; as a row-wise function: {e}")
+        row_plan = plan_rows(fn, device)
         notes: list[str] = []
         try:
-            sch = schedule_rows(norm, plan, notes)
+            sch = schedule_rows(norm, row_plan, notes)
         except _schedule_errors() as e:
-            return None, f"row-wise plan not scheduled: {_first_line(e)}"
-        self.plan = {"expr": fn.name, "rows": fn.rows, "cols": fn.cols, **plan.to_dict(),
-                     "blocks_exprs": {b.name: {"kind": b.kind, "axes": {a.name: a.extent for a in b.expr.axes},
-                                               "flops_per_point": b.expr.flops_per_point} for b in fn.blocks}}
-        self.notes = tuple(notes)
-        return sch, ""
+            return Declined(f"row-wise plan not scheduled: {_first_line(e)}")
+        plan = {"expr": fn.name, "rows": fn.rows, "cols": fn.cols, **row_plan.to_dict(),
+                "blocks_exprs": {b.name: {"kind": b.kind, "axes": {a.name: a.extent for a in b.expr.axes},
+                                          "flops_per_point": b.expr.flops_per_point} for b in fn.blocks}}
+        return Scheduled(sch, plan, tuple(notes))
 
 
 class DlightRule(Rule):
     """One of TVM's dlight CPU rules (``tvm.s_tir.dlight.cpu``), by class name: GEMV or Reduction."""
 
     def __init__(self, rule_name: str):
-        super().__init__()
         self.name = f"dlight.{rule_name}"
         self._rule_name = rule_name
 
-    def attempt(self, func, device: Device):
+    def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         from tvm.s_tir.dlight import cpu
 
         from roller.tir.compile import target_for
@@ -182,10 +185,10 @@ class DlightRule(Rule):
         try:
             sch = rule.apply(func, target_for(device), False)
         except _schedule_errors() as e:
-            return None, _first_line(e)
+            return Declined(_first_line(e))
         if isinstance(sch, list):
             sch = sch[0] if sch else None
-        return (sch, "") if sch is not None else (None, "pattern not matched")
+        return Scheduled(sch) if sch is not None else Declined("pattern not matched")
 
 
 class GenericRule(Rule):
@@ -196,25 +199,23 @@ class GenericRule(Rule):
 
     name = "generic"
 
-    def attempt(self, func, device: Device):
+    def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         import tvm
         from tvm.s_tir.dlight import normalize_prim_func, try_inline
 
-        self.notes = ()
         sch = tvm.s_tir.Schedule(func)
         try:
             blocks = normalize_prim_func(sch)
             if blocks is None:
-                return None, "blocks are not in a normal form (opaque or nested blocks)"
+                return Declined("blocks are not in a normal form (opaque or nested blocks)")
             blocks = try_inline(sch, blocks)
             notes: list[str] = []
             for b in blocks:
                 dtype = str(sch.get(b.block_rv).writes[0].source.dtype) if sch.get(b.block_rv).writes else "float32"
                 self._schedule_block(sch, b, device.units.lanes(dtype), notes)
         except _schedule_errors() as e:
-            return None, _first_line(e)
-        self.notes = tuple(notes)
-        return sch, ""
+            return Declined(_first_line(e))
+        return Scheduled(sch, notes=tuple(notes))
 
     @staticmethod
     def _schedule_block(sch, info, lanes: int, notes: list[str]) -> None:
