@@ -260,7 +260,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     else:
         sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
                                prepack=prepack)
-        mod = sched(mod)
+        mod = sched.as_pass()(mod)
         report = sched.report
         seconds["schedule"] = time.perf_counter() - t
         t = time.perf_counter()
