@@ -14,7 +14,7 @@ from roller.builder.api import analyze
 from roller.targets import construct
 from roller.errors import BuildError
 from roller.plan.prepack import PackedLayout
-from roller.models.relax_pass import _tir_calls
+from roller.models.constants import _tir_calls
 from roller.plan.tails import copy_bytes
 from roller.tir.layout import index_maps, pack_constant
 
@@ -172,7 +172,7 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
 def test_constant_params_only_where_every_call_passes_a_constant():
     from tvm import relax, te
 
-    from roller.models.relax_pass import constant_params
+    from roller.models.constants import constant_params
 
     def module(second):
         """``add`` (one PrimFunc, deduplicated by the builder) called twice: (x, constant), then (y, second(y))."""

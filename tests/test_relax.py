@@ -689,7 +689,7 @@ def test_profiling_goes_by_predicted_share_within_budget(device):
 
 
 def test_call_counts(device):
-    from roller.models.relax_pass import call_counts
+    from roller.models.constants import call_counts
 
     model = onnx_models.transformer_encoder(2)
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
@@ -722,7 +722,7 @@ def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
     import dataclasses
 
     from roller.models.frontend import import_onnx, legalize_and_fuse, onnx_inputs
-    from roller.models.relax_pass import constant_bytes, constants_device
+    from roller.models.constants import constant_bytes, constants_device
     from roller.tir.compile import target_for
 
     rng = np.random.default_rng(3)

@@ -229,7 +229,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     """
     import tvm
 
-    from roller.models.relax_pass import ScheduleModule, constants_device
+    from roller.models.constants import constants_device
+    from roller.models.relax_pass import ScheduleModule
     from roller.tir.compile import target_for
 
     t0 = time.perf_counter()

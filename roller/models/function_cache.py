@@ -116,13 +116,13 @@ def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool 
     legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
     compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
     scheduled functions in place (it compiles into one self-contained library). With ``prepack`` the
-    constants a function reads are packed once, in its plan's tiles (:func:`roller.models.relax_pass.prepack_constants`)."""
+    constants a function reads are packed once, in its plan's tiles (:func:`roller.models.constants.prepack_constants`)."""
     import tvm
 
     from roller import cache as kcache
     from roller.models.relax_steps import build_module
-    from roller.models.relax_pass import (SCHEDULED_ATTR, ScheduleModule, constant_params, is_scheduled,
-                                          prepack_constants)
+    from roller.models.constants import constant_params, prepack_constants
+    from roller.models.relax_pass import SCHEDULED_ATTR, ScheduleModule, is_scheduled
     from roller.tir.compile import set_threads, target_for
 
     set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool

@@ -28,19 +28,9 @@ import time
 from dataclasses import dataclass, field
 
 from roller.device.spec import Device
-from roller.models.constants import (  # noqa: F401  (re-exported: callers find them here too)
-    _tir_calls,
-    call_counts,
-    constant_bytes,
-    constant_params,
-    constants_device,
-    prepack_constants,
-)
-from roller.models.rules import (  # noqa: F401
-    PLAN_SPREAD,
-    DlightRule,
+from roller.models.constants import call_counts, constant_params, prepack_constants
+from roller.models.rules import (
     Declined,
-    GenericRule,
     RollerRule,
     Rule,
     Scheduled,

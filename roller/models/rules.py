@@ -92,8 +92,8 @@ class RollerRule(Rule):
 
     @staticmethod
     def _schedule(norm, expr, program, device: Device) -> Scheduled | Declined:
-        from roller.targets import schedule
         from roller.plan.prepack import program_layouts
+        from roller.targets import schedule
 
         notes: list[str] = []
         try:
@@ -118,8 +118,8 @@ class RollerRule(Rule):
 
         from roller.builder.api import analyze, build
         from roller.plan.prepack import prepackable
-        from roller.targets import target_of
         from roller.plan.rtile import compute_lanes
+        from roller.targets import target_of
 
         expr, norm = analyze(func)
         programs = target_of(device).construct(expr, device, topk).programs
@@ -149,9 +149,9 @@ class RollerRule(Rule):
     def _row_wise(func, device: Device, why_not_one: str) -> Scheduled | Declined:
         """A function with several reductions run row by row (:mod:`roller.plan.rows`); declined with both
         analyses' reasons when it is not one."""
-        from roller.tir.analysis import analyze_rows
-        from roller.targets.cpu.rows import schedule_rows
         from roller.plan.rows import plan_rows
+        from roller.targets.cpu.rows import schedule_rows
+        from roller.tir.analysis import analyze_rows
 
         try:
             fn, norm = analyze_rows(func)
