@@ -154,7 +154,7 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
         func = cm.module[name]
         names = [str(p.name) for p in func.params]
         for param, layout in by_name[name].prepacked.items():
-            shape = list(PackedLayout.from_dict(layout).apply(np.zeros(layout["shape"], np.float32)).shape)
+            shape = list(pack_constant(PackedLayout.from_dict(layout), np.zeros(layout["shape"], np.float32)).shape)
             assert [int(d) for d in func.params[names.index(param)].shape] == shape  # the kernel takes it packed
             assert list(call.args[1].fields[names.index(param)].value.shape) == shape  # the call passes it packed
     check = frontend.check_against_onnxruntime(cm, model, time_it=False)
