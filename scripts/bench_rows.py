@@ -74,7 +74,7 @@ def bench(name: str, op: str, shape, dev, args) -> dict:
     import tvm
 
     from roller.models import frontend
-    from roller.models.relax_pass import DlightRule, RollerRule
+    from roller.models.rules import Declined, DlightRule, RollerRule
     from roller.tir.compile import target_for
 
     rng = np.random.default_rng(0)
@@ -87,10 +87,11 @@ def bench(name: str, op: str, shape, dev, args) -> dict:
     row = {"case": name, "op": op, "shape": "x".join(map(str, shape))}
     impls = []
     for label, rule in (("roller", RollerRule()), ("dlight", DlightRule("Reduction"))):
-        sch, why = rule.attempt(func, dev)
-        if sch is None:
-            row[label] = f"declined: {why}"
+        got = rule.apply(func, dev)
+        if isinstance(got, Declined):
+            row[label] = f"declined: {got.reason}"
             continue
+        sch = got.schedule
         ex = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
         # the function's parameters: x, the weights (constants of the model), the output
         a = [tvm.runtime.tensor(v, tvm.cpu()) for v in [x] + weights]

@@ -93,7 +93,7 @@ def roller_functions(cm) -> tuple[list[dict], list]:
     import tvm
 
     from roller.models.frontend import random_arrays
-    from roller.models.relax_pass import call_counts
+    from roller.models.constants import call_counts
 
     counts = call_counts(cm.module)
     lib = cm.executable.mod.imports[0]

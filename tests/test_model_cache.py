@@ -29,8 +29,8 @@ CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import onnx_models
-from roller import frontend
-from roller.jit import JIT
+from roller.models import frontend
+from roller.serve.jit import JIT
 model = onnx_models.small_cnn(size=16)
 mod = frontend.import_onnx(model, frontend.onnx_inputs(model))
 cm = JIT(background=0)(mod)

@@ -14,7 +14,7 @@ from roller.builder.api import analyze
 from roller.targets import construct
 from roller.errors import BuildError
 from roller.plan.prepack import PackedLayout
-from roller.models.relax_pass import _tir_calls
+from roller.models.constants import _tir_calls
 from roller.plan.tails import copy_bytes
 from roller.tir.layout import index_maps, pack_constant
 
@@ -154,7 +154,7 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
         func = cm.module[name]
         names = [str(p.name) for p in func.params]
         for param, layout in by_name[name].prepacked.items():
-            shape = list(PackedLayout.from_dict(layout).apply(np.zeros(layout["shape"], np.float32)).shape)
+            shape = list(pack_constant(PackedLayout.from_dict(layout), np.zeros(layout["shape"], np.float32)).shape)
             assert [int(d) for d in func.params[names.index(param)].shape] == shape  # the kernel takes it packed
             assert list(call.args[1].fields[names.index(param)].value.shape) == shape  # the call passes it packed
     check = frontend.check_against_onnxruntime(cm, model, time_it=False)
@@ -172,7 +172,7 @@ def test_conv_model_with_prepacked_weights_matches_onnxruntime(device, cache):
 def test_constant_params_only_where_every_call_passes_a_constant():
     from tvm import relax, te
 
-    from roller.models.relax_pass import constant_params
+    from roller.models.constants import constant_params
 
     def module(second):
         """``add`` (one PrimFunc, deduplicated by the builder) called twice: (x, constant), then (y, second(y))."""

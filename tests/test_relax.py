@@ -17,7 +17,8 @@ import roller  # noqa: E402
 from roller import cli
 from roller.models import frontend
 from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
-from roller.models.relax_pass import GenericRule, ScheduleModule, is_scheduled  # noqa: E402
+from roller.models.relax_pass import ScheduleModule, is_scheduled  # noqa: E402
+from roller.models.rules import Declined, GenericRule, RollerRule, Scheduled  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -390,8 +391,9 @@ def test_generic_rule_parallel_and_vectorized(device):
     a = te.placeholder((64, n), name="a")
     b = te.compute((n, 64), lambda i, j: a[j, i] * 2.0, name="b")  # a transpose: injective, gathers
     func = te.create_prim_func([a, b])
-    sch, why = GenericRule().attempt(func, device)
-    assert sch is not None, why
+    out = GenericRule().apply(func, device)
+    assert isinstance(out, Scheduled), out
+    sch = out.schedule
     text = sch.mod["main"].script()
     assert "T.parallel" in text and "T.vectorized" in text, text
     ex = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), "llvm")
@@ -406,7 +408,7 @@ def test_verify_declines_a_wrong_schedule(device):
     import tvm
     from tvm import te
 
-    from roller.models.relax_pass import Rule
+    from roller.models.rules import Rule
 
     a = te.placeholder((16, 64), name="a")
     right = te.create_prim_func([a, te.compute((16, 64), lambda i, j: a[i, j] + 1.0, name="b")])
@@ -415,8 +417,8 @@ def test_verify_declines_a_wrong_schedule(device):
     class Wrong(Rule):
         name = "wrong"
 
-        def attempt(self, func, dev):
-            return tvm.s_tir.Schedule(wrong), ""
+        def apply(self, func, dev, constants=frozenset()):
+            return Scheduled(tvm.s_tir.Schedule(wrong))
 
     mod = tvm.IRModule({"f": right})
     sched = ScheduleModule(device, rules=[Wrong(), GenericRule()], verify=True)
@@ -442,14 +444,53 @@ def test_verify_passes_roller_schedules(device):
 
 
 def test_roller_rule_declines_with_reason(device):
-    from roller.models.relax_pass import RollerRule
     from tvm import te
 
     n = te.var("n", "int64")
     a = te.placeholder((n, 64), name="a")
     b = te.compute((n, 64), lambda i, j: a[i, j] + 1.0, name="b")
-    sch, why = RollerRule().attempt(te.create_prim_func([a, b]), device)
-    assert sch is None and "symbolic" in why
+    out = RollerRule().apply(te.create_prim_func([a, b]), device)
+    assert isinstance(out, Declined) and "symbolic" in out.reason, out
+
+
+def test_rules_keep_no_state_and_the_pass_reports_why_a_rule_declined(device):
+    """A rule returns its result (Scheduled / Declined) and writes nothing on itself, so one instance can
+    serve several functions (and threads); the driver, a tvm.transform module pass, puts a declining
+    rule's reason in the function's report."""
+    import copy
+
+    import tvm
+    from tvm import te
+
+    from roller.models.rules import DlightRule
+
+    a = te.placeholder((16, 64), name="a")
+    k = te.reduce_axis((0, 64), name="k")
+    w = te.placeholder((64, 32), name="w")
+    mm = te.create_prim_func([a, w, te.compute((16, 32), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="c")])
+    n = te.var("n", "int64")
+    s = te.placeholder((n, 64), name="s")
+    symbolic = te.create_prim_func([s, te.compute((n, 64), lambda i, j: s[i, j] + 1.0, name="t")])
+    rules = [RollerRule(), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
+    before = [copy.copy(vars(r)) for r in rules]
+    first = rules[0].apply(mm, device)
+    assert isinstance(first, Scheduled) and first.plan and "tiles" in first.plan, first
+    declined = rules[0].apply(symbolic, device)
+    assert isinstance(declined, Declined) and "symbolic" in declined.reason
+    assert isinstance(rules[3].apply(symbolic, device), Scheduled)
+    assert [vars(r) for r in rules] == before  # nothing written on the rules
+    again = rules[0].apply(mm, device)  # the same result after another function
+    assert again.plan == first.plan and again.notes == first.notes and again.prepacked == first.prepacked
+
+    sched = ScheduleModule(device, rules=rules)
+    p = sched.as_pass()
+    assert isinstance(p, tvm.transform.ModulePass) and p.info.name == "roller.ScheduleModule"
+    out = p(tvm.IRModule({"mm": mm, "sym": symbolic}))
+    assert is_scheduled(out["mm"]) and is_scheduled(out["sym"])
+    by = {r.name: r for r in sched.report}
+    assert by["mm"].scheduled_by == "roller" and by["sym"].scheduled_by == "generic"
+    assert "symbolic" in by["sym"].declined["roller"] and by["sym"].reason == by["sym"].declined["roller"]
+    assert [vars(r) for r in rules] == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,14 +580,11 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     row on the stack (no workspace allocation a row), exp kept in a buffer computed at the row loop (one
     row of it after compaction), x - max inlined, the division by the sum a multiplication by its
     reciprocal."""
-    from roller.models.relax_pass import RollerRule
-
     model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
     (func,) = _fused(model, device).values()
-    rule = RollerRule()
-    sch, why = rule.attempt(func, device)
-    assert sch is not None, why
-    plan = rule.plan
+    out = RollerRule().apply(func, device)
+    assert isinstance(out, Scheduled), out
+    sch, plan = out.schedule, out.plan
     assert plan["parallel"] and plan["row_axes"] == 1 and plan["rows"] == 8 and plan["cols"] == 64
     assert set(plan["vector_reductions"]) == {"T_softmax_maxelem", "T_softmax_expsum"}
     assert plan["reduction_lanes"] == device.units.lanes("float32")
@@ -583,15 +621,13 @@ def test_row_plan_reduction_lanes():
 def test_row_wise_rule_declines_other_functions_with_reasons(device):
     from tvm import te
 
-    from roller.models.relax_pass import RollerRule
-
     a = te.placeholder((8, 16, 4), name="a")
     k = te.reduce_axis((0, 16), name="k")
     s = te.compute((8, 4), lambda i, j: te.sum(a[i, k, j], axis=k), name="s")  # reduces a middle axis
     m = te.compute((8, 4), lambda i, j: te.max(a[i, k, j], axis=k), name="m")
     out = te.compute((8, 16, 4), lambda i, n, j: a[i, n, j] - s[i, j] * m[i, j], name="out")
-    sch, why = RollerRule().attempt(te.create_prim_func([a, out]), device)
-    assert sch is None and "as a row-wise function" in why, why
+    got = RollerRule().apply(te.create_prim_func([a, out]), device)
+    assert isinstance(got, Declined) and "as a row-wise function" in got.reason, got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,7 +689,7 @@ def test_profiling_goes_by_predicted_share_within_budget(device):
 
 
 def test_call_counts(device):
-    from roller.models.relax_pass import call_counts
+    from roller.models.constants import call_counts
 
     model = onnx_models.transformer_encoder(2)
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
@@ -686,7 +722,7 @@ def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
     import dataclasses
 
     from roller.models.frontend import import_onnx, legalize_and_fuse, onnx_inputs
-    from roller.models.relax_pass import constant_bytes, constants_device
+    from roller.models.constants import constant_bytes, constants_device
     from roller.tir.compile import target_for
 
     rng = np.random.default_rng(3)

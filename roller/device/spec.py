@@ -164,7 +164,7 @@ class Device:
     calibration: Mapping[str, Any] | None = field(default=None, compare=False)
     gpu: GpuLimits | None = None  # a GPU's block and SM limits (kind gpu only)
     # the level a kernel's constants (a model's weights) are read from at every call, where the model
-    # compiler knows they do not stay in the caches between calls (roller.models.relax_pass.constants_device); None:
+    # compiler knows they do not stay in the caches between calls (roller.models.constants.constants_device); None:
     # like the rest of the data (roller.plan.cost.data_source)
     constants_level: str | None = None
     # the cost model's fitted or assumed figures (``model:``; see ModelConstants)

@@ -229,7 +229,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     """
     import tvm
 
-    from roller.models.relax_pass import ScheduleModule, constants_device
+    from roller.models.constants import constants_device
+    from roller.models.relax_pass import ScheduleModule
     from roller.tir.compile import target_for
 
     t0 = time.perf_counter()
@@ -260,7 +261,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     else:
         sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
                                prepack=prepack)
-        mod = sched(mod)
+        mod = sched.as_pass()(mod)
         report = sched.report
         seconds["schedule"] = time.perf_counter() - t
         t = time.perf_counter()

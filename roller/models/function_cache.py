@@ -9,8 +9,9 @@ rule chain, compiles it alone into a library and publishes it (one compile per k
 processes and, through Redis, machines). The Relax module then calls each cached library by name
 (``call_tir`` becomes ``call_dps_packed`` of a global function registered in this process), so that a
 second process compiling the same model loads the libraries and compiles only the Relax part.
-Functions go through two worker threads: one schedules (Python, one at a time: the rule chain keeps
-state) while the other compiles the function before (LLVM and the linker release the GIL).
+Functions go through two worker threads: one schedules (Python, one at a time: the rules keep no state,
+but scheduling holds the GIL, so a second scheduler would only wait) while the other compiles the
+function before (LLVM and the linker release the GIL).
 
 Such an executable depends on those registrations: :meth:`roller.models.frontend.CompiledModel.export` compiles
 the scheduled functions into one self-contained library instead (``CompiledModel.module``).
@@ -115,13 +116,13 @@ def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool 
     legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
     compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
     scheduled functions in place (it compiles into one self-contained library). With ``prepack`` the
-    constants a function reads are packed once, in its plan's tiles (:func:`roller.models.relax_pass.prepack_constants`)."""
+    constants a function reads are packed once, in its plan's tiles (:func:`roller.models.constants.prepack_constants`)."""
     import tvm
 
     from roller import cache as kcache
     from roller.models.relax_steps import build_module
-    from roller.models.relax_pass import (SCHEDULED_ATTR, ScheduleModule, constant_params, is_scheduled,
-                                          prepack_constants)
+    from roller.models.constants import constant_params, prepack_constants
+    from roller.models.relax_pass import SCHEDULED_ATTR, ScheduleModule, is_scheduled
     from roller.tir.compile import set_threads, target_for
 
     set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool
