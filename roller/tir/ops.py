@@ -13,6 +13,10 @@ Conventions: inputs come in the order of the PrimFunc's parameters, the output i
 Reductions over int8 accumulate (and store) in int32; every other dtype computes in its own type.
 Random inputs are multiples of 1/8 in [-1, 1] (integers in [-3, 3] for int8), so float32 sums of up to
 ~10^5 products are exact and a kernel can be checked against the float64 reference with tight bounds.
+
+The numpy references live in :mod:`roller.tir.opref`, the TE building blocks the definitions share (padding,
+kernel windows) in :mod:`roller.tir.teutil`; this module holds the OpSpecs, the shape checks, the TE
+definitions and the ``OPS`` table.
 """
 from __future__ import annotations
 
@@ -24,13 +28,14 @@ import numpy as np
 
 from roller.dtypes import dtype_bytes
 from roller.errors import InvalidShapeError
+from roller.tir.opref import (Params, Shape, _conv_out, _conv_reference, _depthwise_reference, _nhwc,
+                              _pool_reference, _window_points)
+from roller.tir.opref import conv_out_size as conv_out_size  # re-exported: its callers import it from here
+from roller.tir.teutil import _merge_last_two, _mul_acc, _pad_hw, _window, _zero
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "int8")
 MAX_ELEMENTS = 2**31 - 1          # per tensor (and per dimension): 32-bit indexing in the generated code
 MAX_TOTAL_BYTES = 16 * 2**30      # all tensors of one operator together
-
-Shape = Mapping[str, int]
-Params = Mapping[str, object]  # a full shape plus the options' values
 
 
 def _out_dtype(dtype: str, reduces: bool) -> str:
@@ -240,13 +245,6 @@ def validate_shape(op: str | OpSpec, shape: Shape, dtype: str = "float32") -> di
 # ---------------------------------------------------------------------------------------------
 # TE definitions (te is imported lazily: the policy half of roller must not need TVM)
 
-def _mul_acc(a, b, out_dtype: str):
-    """a * b in the accumulation type (casts only when it differs, so float ops stay cast-free)."""
-    if str(a.dtype) != out_dtype:
-        a, b = a.astype(out_dtype), b.astype(out_dtype)
-    return a * b
-
-
 def matmul(M: int, N: int, K: int, dtype: str = "float32", layout: str = "nn"):
     """C[m, n] = sum_k A[m, k] * B[k, n]; parameters (A, B, C).
 
@@ -278,45 +276,6 @@ def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32"):
     k = te.reduce_axis((0, K), name="k")
     C = te.compute((B, M, N), lambda b, m, n: te.sum(_mul_acc(A[b, m, k], W[b, k, n], out), axis=k), name="C")
     return te.create_prim_func([A, W, C])
-
-
-def conv_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    """Output extent of a convolution along one spatial dimension (<= 0 when the kernel does not fit)."""
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def _pad_hw(data, pad: int, value):
-    """``data`` (NHWC) padded by ``pad`` on H and W with ``value``, as its own stage ``pad_temp`` (code
-    generation decides where to compute it; the analysis keeps it); ``data`` itself when ``pad == 0``."""
-    from tvm import te, tirx
-
-    if pad == 0:
-        return data
-    N, H, W, C = (int(d) for d in data.shape)
-    return te.compute(
-        (N, H + 2 * pad, W + 2 * pad, C),
-        lambda n, h, w, c: tirx.if_then_else(
-            tirx.all(h >= pad, h < H + pad, w >= pad, w < W + pad), data[n, h - pad, w - pad, c], value),
-        name="pad_temp")
-
-
-def _window(src, R: int, S: int, stride: int, dilation: int = 1):
-    """The reduction axes (r, s) of an R x S kernel window and ``pixel(n, h, w, c)``: the value of ``src``
-    (the padded input) that offset (r, s) of the window of output point (h, w) meets."""
-    from tvm import te
-
-    r, s = te.reduce_axis((0, R), name="r"), te.reduce_axis((0, S), name="s")
-
-    def pixel(n, h, w, c):
-        return src[n, h * stride + r * dilation, w * stride + s * dilation, c]
-
-    return r, s, pixel
-
-
-def _zero(dtype: str):
-    from tvm import tirx
-
-    return tirx.const(0, dtype)
 
 
 # A group with fewer output channels than this fills few lanes when its own channels are the vector axis,
@@ -382,17 +341,6 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
                                      axis=[r, s, c]),
         name="conv")
     return _merge_last_two(te.create_prim_func([data, weight, conv]), "conv", kg)
-
-
-def _merge_last_two(func, block: str, inner: int):
-    """``func`` with the buffer ``block`` writes stored with its last two dimensions (o, i) merged into one,
-    index o * inner + i: the output keeps its plain layout while the block iterates both axes."""
-    import tvm
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    sch.transform_layout(sch.get_sblock(block), ("write", 0), lambda *i: (*i[:-2], i[-2] * inner + i[-1]))
-    return sch.mod["main"]
 
 
 def depthwise_conv2d(N: int, H: int, W: int, C: int, R: int, S: int, stride: int = 1, pad: int = 0,
@@ -465,14 +413,7 @@ def add_relu(M: int, N: int, dtype: str = "float32"):
 
 
 # ---------------------------------------------------------------------------------------------
-# Rules and numpy references of the window operators (inputs arrive widened to float64 / int64)
-
-def _conv_out(s: Params) -> tuple[int, int]:
-    """(OH, OW) of a window operator (pooling has no dilation key: 1)."""
-    d = s.get("dilation", 1)
-    return (conv_out_size(s["H"], s["R"], s["stride"], s["pad"], d),
-            conv_out_size(s["W"], s["S"], s["stride"], s["pad"], d))
-
+# Shape rules of the window operators (their numpy references are in roller.tir.opref)
 
 def _window_check(spec: OpSpec, s: Params, dtype: str) -> None:
     """The kernel window fits the padded input (the output has at least one point)."""
@@ -501,52 +442,6 @@ def _pool_check(spec: OpSpec, s: Params, dtype: str) -> None:
     if s["kind"] == "avg" and dtype == "int8":
         raise InvalidShapeError(f"{spec.name}: kind=avg needs a floating-point dtype (an int8 average would "
                                 f"truncate): use float32, float16 or float64, or kind=max")
-
-
-def _windows(data: np.ndarray, s: Params, fill=0):
-    """Yields (r, q, view): for each kernel offset, the [N, OH, OW, C] input values it meets, the input
-    padded with ``fill``."""
-    p, st, d = s["pad"], s["stride"], s.get("dilation", 1)
-    x = np.pad(data, ((0, 0), (p, p), (p, p), (0, 0)), constant_values=fill)
-    oh, ow = _conv_out(s)
-    for r in range(s["R"]):
-        for q in range(s["S"]):
-            yield r, q, x[:, r * d: r * d + (oh - 1) * st + 1: st, q * d: q * d + (ow - 1) * st + 1: st, :]
-
-
-def _conv_reference(arrays, s: Params) -> np.ndarray:
-    data, weight = arrays
-    g, cg, kg = s["groups"], s["C"] // s["groups"], s["K"] // s["groups"]
-    out = np.zeros((s["N"], *_conv_out(s), s["K"]), dtype=data.dtype)
-    for r, q, view in _windows(data, s):
-        for i in range(g):  # one matmul per group (and a single one without groups)
-            out[..., i * kg:(i + 1) * kg] += view[..., i * cg:(i + 1) * cg] @ weight[r, q, :, i * kg:(i + 1) * kg]
-    return out
-
-
-def _depthwise_reference(arrays, s: Params) -> np.ndarray:
-    data, weight = arrays
-    out = np.zeros((s["N"], *_conv_out(s), s["C"]), dtype=data.dtype)
-    for r, q, view in _windows(data, s):
-        out += view * weight[r, q]
-    return out
-
-
-def _pool_reference(arrays, s: Params) -> np.ndarray:
-    (data,) = arrays
-    if s["kind"] == "max":
-        low = -np.inf if data.dtype.kind == "f" else np.iinfo(data.dtype).min
-        return np.maximum.reduce([view for _, _, view in _windows(data, s, fill=low)])
-    return sum(view for _, _, view in _windows(data, s)) / (s["R"] * s["S"])
-
-
-def _nhwc(s: Params) -> tuple[int, ...]:
-    return (s["N"], s["H"], s["W"], s["C"])
-
-
-def _window_points(s: Params) -> int:
-    """Output points times window size: the multiply-adds of a depthwise convolution, per channel."""
-    return s["N"] * math.prod(_conv_out(s)) * s["R"] * s["S"]
 
 
 OPS: dict[str, OpSpec] = {
