@@ -1,6 +1,6 @@
 """roller: fast tensor kernels in seconds, by construction instead of search (Roller, OSDI'22), on TVM.
 
-The policy (device, expr, rtile, model, construct) is plain Python and imports no compiler; TVM is
+The policy (roller.device, roller.plan) is plain Python and imports no compiler; TVM is
 imported only when a function is analysed, scheduled, built or profiled.
 """
 from roller.builder.api import BuildResult, analyze, build, build_op, construct
@@ -11,7 +11,7 @@ from roller.errors import (BuildError, CalibrationError, DeviceSpecError, Invali
 from roller.plan.expr import Expr, fuse_axes
 from roller.plan.rprogram import RProgram
 
-__version__ = "0.1.0"
+from roller.version import __version__
 
 __all__ = [
     "BuildResult", "JIT", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
@@ -29,8 +29,8 @@ def compile_model(model, device=None, **options):
 
 def __getattr__(name):
     if name == "ops":  # imports TVM: only on first use
-        import importlib
-        return importlib.import_module(".ops", __name__)
+        from roller.tir import ops
+        return ops
     if name == "JIT":  # (not imported with the package: `python -m roller.serve.jit` runs that module as a script)
         from roller.serve.jit import JIT
         return JIT

@@ -153,7 +153,7 @@ def test_identical_machines_sharing_a_calibration_file_share_keys(tmp_path):
 CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    import roller, roller.api as api, roller.cache as kc
+    import roller, roller.builder.api as api, roller.cache.store as kc
     from roller import ops
     marker = sys.argv[1]
     original = api._build_uncached

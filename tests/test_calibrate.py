@@ -178,7 +178,7 @@ def test_cli_errors_are_one_line(capsys):
 @pytest.mark.build
 def test_quick_calibration_json(tmp_path, capsys):
     out = tmp_path / "cal.json"
-    assert C.main(["--quick", "--json", "--out", str(out)]) == 0
+    assert cli.main(["calibrate", "--quick", "--json", "--out", str(out)]) == 0
     res = json.loads(capsys.readouterr().out)
     for key in ("peak_gflops", "peak_gflops_all", "bandwidth_gbps", "bandwidth_total_gbps", "seconds",
                 "small_transfer", "warnings", "skipped", "path"):

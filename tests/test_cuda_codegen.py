@@ -113,8 +113,8 @@ OCLGRIND_SCRIPT = textwrap.dedent("""
 
 RACY_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from roller.codegen.launch import KernelLaunch
-    from roller.codegen.opencl import OpenCLProgram, run
+    from roller.targets.cuda.launch import KernelLaunch
+    from roller.targets.cuda.opencl import OpenCLProgram, run
     src = '''__kernel void racy(__global float* out) {
       __local float buf[64];
       buf[get_local_id(0)] = get_local_id(0);

@@ -132,7 +132,7 @@ SMEM_SCRIPT = """
 import numpy as np, tvm
 from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
 from microbench import gpu
-from roller.codegen import opencl
+from roller.targets.cuda import opencl
 prog = opencl.opencl_program(tvm.IRModule({"main": gpu.smem_kernel(2, 64, 40, size=256)}))
 a = np.arange(256, dtype="float32")
 got = opencl.run(prog, {"A": a, "O": np.zeros(128, "float32")}, ("O",))["O"]

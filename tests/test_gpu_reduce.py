@@ -100,12 +100,12 @@ def test_block_reductions_build_within_the_limits(gpu):
 OCLGRIND_SCRIPT = textwrap.dedent("""
     import numpy as np
     from roller import ops
-    from roller.api import analyze
-    from roller.codegen import opencl
-    from roller.codegen.cuda import schedule_cuda
+    from roller.builder.api import analyze
+    from roller.targets.cuda import opencl
+    from roller.targets.cuda.schedule import schedule_cuda
     from roller.device import load_device
-    from roller.gpu_construct import _program
-    from roller.gpu_reduce import estimate_block_reduction
+    from roller.targets.cuda.construct import _program
+    from roller.targets.cuda.reduce import estimate_block_reduction
     dev = load_device("a100", calibrated=False)
     spec = ops.get_op("reduce_sum")
     shape = {"M": 6, "N": 300}

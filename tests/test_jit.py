@@ -188,7 +188,7 @@ def _record_pid_and_hang(index, program):
 HANGING_CALLER = """
 import numpy as np, roller
 from roller import ops
-from roller.profile import profile
+from roller.builder.farm import profile
 from test_jit import _record_pid_and_hang
 func = ops.get_op("add_relu").make({"M": 4, "N": 16}, "float32")
 expr, norm = roller.analyze(func)

@@ -12,7 +12,7 @@ against the same function zero-padded to a larger one, on negative and on positi
 unscheduled by TVM. A dimension that fails the probe is served exactly (one kernel per value) and
 ``DynamicKernel.exact`` names it.
 
-    from roller.jit import JIT
+    from roller.serve.jit import JIT
     dyn = JIT().dynamic(func)          # func: a PrimFunc / TE tensors with symbolic dims
     out = dyn(a, b)                    # numpy inputs of any allowed size -> numpy output
 """

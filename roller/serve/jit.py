@@ -1,6 +1,6 @@
 """The JIT an inference server calls: a runnable kernel for a function now, a faster one soon after.
 
-    from roller.jit import JIT
+    from roller.serve.jit import JIT
     jit = JIT()                   # this machine; JIT("x86-avx2"), JIT(device, topk=5, background=1)
     k = jit(func)                 # a PrimFunc / TE tensors with concrete shapes -> Kernel, at once
     k(a, b, out)                  # runs the best kernel known so far (TVM tensors, parameter order)
