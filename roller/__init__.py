@@ -16,7 +16,7 @@ from roller.version import __version__
 __all__ = [
     "BuildResult", "JIT", "analyze", "build", "build_op", "construct", "Device", "load_device", "Expr", "fuse_axes",
     "RProgram", "RollerError", "DeviceSpecError", "UnsupportedExpressionError", "InvalidShapeError",
-    "BuildError", "CalibrationError", "ModelError", "compile_model",
+    "BuildError", "CalibrationError", "ModelError", "compile_model", "__version__",
 ]
 
 
