@@ -71,7 +71,7 @@ def _print_gpu_build(report: dict, saved: dict | None) -> None:
           f"compiled offline)")
     print("chosen rTiles: " + "; ".join(f"{lv} " + " ".join(f"{a}={s}" for a, s in t.items())
                                         for lv, t in chosen["tiles"].items())
-          + f"; {chosen['model']['threads']} threads a block, grid of "
+          + f"; {chosen['kind']} plan, {chosen['model']['threads']} threads a block, grid of "
           + "x".join(str(g) for g in chosen["grid"].values()) + f" blocks in {chosen['waves']} waves")
     print(f"predicted {_fmt_seconds(chosen['predicted_seconds'])} ({report['predicted_gflops']:.0f} GFLOP/s, "
           f"{report['peak_fraction']:.0%} of the spec's peak); ranking: {report['ranking']}")

@@ -64,9 +64,9 @@ def main(argv=None) -> int:
               f"ptxas: {r.registers} registers, {r.shared_bytes} B shared, "
               f"{r.spill_store_bytes + r.spill_load_bytes} B spilled")
 
-    line("roller", thread, block, p.gpu["threads"], _product(p.grid.values()), p.predicted_seconds, r)
-    print(f"        model: {p.gpu['registers']} registers (estimate), {p.gpu['shared_bytes']} B shared, "
-          f"{p.gpu['blocks_per_sm']} blocks per SM ({p.gpu['limited_by']}), {p.waves} waves; "
+    line("roller", thread, block, p.gpu.threads, _product(p.grid.values()), p.predicted_seconds, r)
+    print(f"        model: {p.gpu.model.registers} registers (estimate), {p.gpu.model.shared_bytes} B shared, "
+          f"{p.gpu.model.blocks_per_sm} blocks per SM ({p.gpu.model.limited_by}), {p.waves} waves; "
           f"{len(res.report['dropped'])} of {len(res.report['candidates'])} candidates dropped by ptxas's counts")
 
     target = target_for(dev)
@@ -88,9 +88,9 @@ def main(argv=None) -> int:
     blocks = _product(v for key, v in launch.extents.items() if key.startswith("blockIdx"))
     line("dlight", d_thread, d_block, threads, blocks, d_plan.predicted_seconds, dres)
     print(f"        dlight config: {cfg}; launch {launch.extents}")
-    print(f"        roller's model for dlight's tiles: {d_plan.gpu['registers']} registers (estimate), "
-          f"{d_plan.gpu['shared_bytes']} B shared (without dlight's own padding), "
-          f"{d_plan.gpu['blocks_per_sm']} blocks per SM, {d_plan.waves} waves")
+    print(f"        roller's model for dlight's tiles: {d_plan.gpu.model.registers} registers (estimate), "
+          f"{d_plan.gpu.model.shared_bytes} B shared (without dlight's own padding), "
+          f"{d_plan.gpu.model.blocks_per_sm} blocks per SM, {d_plan.waves} waves")
     return 0
 
 

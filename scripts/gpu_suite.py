@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             measured, _ = _measure(func, expr, plans, device, runtime, inputs, spec.reference(inputs, case.shape))
         block = " ".join(f"{a}={s}" for a, s in p.tiles[1].items())
         ratio = f"{measured / p.predicted_seconds:.2f}" if measured else "-"
-        print(f"{case.name:<28} {block[:34]:<34} {p.gpu['threads']:>4} {p.predicted_seconds * 1e6:>8.1f}us "
+        print(f"{case.name:<28} {block[:34]:<34} {p.gpu.threads:>4} {p.predicted_seconds * 1e6:>8.1f}us "
               f"{expr.flops / p.predicted_seconds / peak:>7.0%} "
               f"{(f'{measured * 1e6:.1f}us' if measured else '-'):>10} {ratio:>9}")
     return 0

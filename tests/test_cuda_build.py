@@ -79,10 +79,13 @@ def _res(**kw):
 
 
 def test_resource_problems_by_hand():
+    from roller.plan.gpuplan import BlockModel, GpuKind, GpuPlan
     from roller.plan.rprogram import RProgram
     dev = load_device("a100", calibrated=False)
-    p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 8}, units=108, waves=2,
-                 gpu={"threads": 256, "blocks_per_sm": 4})
+    gpu = GpuPlan(kind=GpuKind.TILES, threads=256, model=BlockModel(registers=32, shared_bytes=8192, blocks_per_sm=4,
+                                                                    warps_per_sm=32, limited_by="threads",
+                                                                    reduction_steps=1))
+    p = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 8}, units=108, waves=2, gpu=gpu)
     # 256 threads x 32 registers and 8 KiB: 8 blocks fit, the model assumed 4: fine
     assert resource_problems(dev, p, [_res()], True) == []
     # 64 registers: 65536 / (64 x 256) = 4 blocks: still what the model assumed
@@ -91,8 +94,7 @@ def test_resource_problems_by_hand():
     (msg,) = resource_problems(dev, p, [_res(registers=72)], True)
     assert "3 blocks per SM" in msg and "assumed 4" in msg and "registers" in msg
     # an SM that gets 2 blocks runs both at once with 3 blocks' room as with 4: the model's count holds
-    few = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 2}, units=108, waves=1,
-                   gpu={"threads": 256, "blocks_per_sm": 4})
+    few = RProgram(levels=("reg", "smem"), tiles=({}, {}), grid={"m": 108 * 2}, units=108, waves=1, gpu=gpu)
     assert resource_problems(dev, few, [_res(registers=72)], True) == []
     assert any("spills 8 B stored" in m for m in resource_problems(dev, p, [_res(spill_store_bytes=8)], True))
     assert any("verify_gpu_code" in m for m in resource_problems(dev, p, [_res()], False))
@@ -126,7 +128,7 @@ def test_other_dtypes_build_and_say_how_they_were_checked(dtype):
     from roller.builder import api
     r = api.build_op("matmul", {"M": 64, "N": 64, "K": 64}, dtype, device="a100", topk=2)
     assert r.build.cubin[:4] == b"\x7fELF" and r.report["out_dtype"] == ("int32" if dtype == "int8" else dtype)
-    if r.program.gpu.get("tensor_core"):  # fp16 on sm_80: tensor cores, which have no OpenCL twin
+    if r.program.gpu.kind.value == "tensor_core":  # fp16 on sm_80: tensor cores, which have no OpenCL twin
         reason = "no OpenCL twin"
     else:
         reason = opencl.missing() or opencl.unsupported([dtype, r.report["out_dtype"]])

@@ -59,11 +59,11 @@ def test_cuda_builds_within_the_limits(gpu, case):
     assert f".target {build.arch}" in build.ptx and "__global__" in build.source
     main = build.main()
     assert not main.spills and main.registers <= dev.gpu.max_registers_per_thread
-    assert main.shared_bytes == p.gpu["shared_bytes"]  # the model's footprint is what the kernel allocates
+    assert main.shared_bytes == p.gpu.model.shared_bytes  # the model's footprint is what the kernel allocates
     (launch,) = [la for la in build.launches if la.kernel == main.kernel]
     blocks = int(np.prod([p.grid[a.name] for a in expr.spatial_axes]))
     threads = int(np.prod([n for axis, n in launch.extents.items() if axis.startswith("threadIdx")]))
-    assert launch.extents["blockIdx.x"] == blocks and threads == p.gpu["threads"]
+    assert launch.extents["blockIdx.x"] == blocks and threads == p.gpu.threads
     assert set(launch.extents) <= {"blockIdx.x", "threadIdx.x", "threadIdx.y"}
 
 
@@ -97,7 +97,7 @@ def test_opencl_twin_of_the_big_matmul_plan():
         p = gpu_construct.plan(expr, list(tiles), dev)
         got, ref = _run_twin(func, expr, p, dev, spec, shape)
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert p.gpu["copy_lanes"]["B"] == 4 and "B" not in p.storage_pad  # the vector copy ran
+    assert p.gpu.copy_lanes["B"] == 4 and "B" not in p.storage_pad  # the vector copy ran
 
 
 OCLGRIND_SCRIPT = textwrap.dedent("""

@@ -77,6 +77,7 @@ from roller.targets.cuda import cost as gpu_model, rules as gpu_rules  # noqa: E
 from roller.targets import construct  # noqa: E402
 from roller.targets.cuda.rules import GpuLevelRules, Occupancy, occupancy  # noqa: E402
 from roller.plan.rtile import aligning_tensors  # noqa: E402
+from roller.plan.gpuplan import GpuKind  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -183,22 +184,24 @@ def test_gpu_plans_follow_the_rules(gpu, case):
         thread, block = p.tiles
         assert p.levels == ("reg", "smem") and p.vector_axis is None
         assert p.problem([a.name for a in e.axes]) is None                       # blocks nest thread tiles
-        if p.gpu.get("reduce_threads"):  # a block-level reduction (tests/test_gpu_reduce.py has its rules)
-            r = p.gpu["reduce_threads"]
+        if p.gpu.kind is GpuKind.BLOCK_REDUCTION:  # a block-level reduction (tests/test_gpu_reduce.py has its rules)
+            r = p.gpu.reduction.threads
             rows = gpu_rules.threads_per_block(e, thread, block)
-            assert p.gpu["threads"] == rows * r and r % 32 == 0 and rows * r <= 1024
-            assert p.gpu["shared_bytes"] == reduction_shared_bytes(rows, r, dev)
+            assert rows == p.gpu.reduction.rows and p.gpu.tensor_core is None
+            assert p.gpu.threads == rows * r and r % 32 == 0 and rows * r <= 1024
+            assert p.gpu.model.shared_bytes == reduction_shared_bytes(rows, r, dev)
             assert p.packed == () and p.storage_pad == {} and case == "rows"
             continue
+        assert p.gpu.kind is GpuKind.TILES and p.gpu.reduction is None and p.gpu.tensor_core is None
         threads = gpu_rules.threads_per_block(e, thread, block)
-        assert threads == p.gpu["threads"] and threads % 32 == 0 and threads <= 1024  # whole warps
+        assert threads == p.gpu.threads and threads % 32 == 0 and threads <= 1024  # whole warps
         assert all(thread[a.name] == 1 for a in e.reduce_axes)                  # a thread's reduction is serial
         for t in aligning_tensors(e):  # contiguous extents of the block in whole sectors, or the whole extent
             for a in t.innermost_axes():
                 assert block[a] % sector == 0 or block[a] >= e.axis(a).extent, (a, block)
-        assert p.gpu["shared_bytes"] == gpu_rules.shared_bytes(e, block, dev) <= dev.private_levels[1].usable_bytes
-        occ = occupancy(dev, threads, p.gpu["registers"], p.gpu["shared_bytes"])
-        assert occ.blocks_per_sm == p.gpu["blocks_per_sm"] >= 1
+        assert p.gpu.model.shared_bytes == gpu_rules.shared_bytes(e, block, dev) <= dev.private_levels[1].usable_bytes
+        occ = occupancy(dev, threads, p.gpu.model.registers, p.gpu.model.shared_bytes)
+        assert occ.blocks_per_sm == p.gpu.model.blocks_per_sm >= 1
         blocks = 1
         for a in e.spatial_axes:
             blocks *= p.grid[a.name]
@@ -249,7 +252,7 @@ def test_small_operators_spread_over_the_sms(a100):
     e = conv2d_nhwc(1, 7, 7, 960, 160, 1, 1)
     p = construct(e, a100, topk=1).programs[0]
     blocks = p.grid["n"] * p.grid["h"] * p.grid["w"] * p.grid["k"]
-    assert p.gpu["threads"] % 32 == 0 and blocks >= a100.units.count, (p.tiles, p.grid)
+    assert p.gpu.threads % 32 == 0 and blocks >= a100.units.count, (p.tiles, p.grid)
     assert p.units == a100.units.count
 
 

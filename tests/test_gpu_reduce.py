@@ -16,6 +16,7 @@ from roller.targets.cuda import opencl
 from roller.targets.cuda.schedule import build_cuda, schedule_cuda
 from roller.targets import construct
 from roller.device.load import load_device
+from roller.plan.gpuplan import GpuKind
 from roller.targets.cuda.reduce import block_reduction_tiles, reduce_axis, reduction_shared_bytes
 
 
@@ -42,9 +43,9 @@ def test_offered_where_the_reduction_is_contiguous_and_rows_long_and_few():
 def test_tiles_are_whole_warps_within_the_block_limit():
     expr = _expr("reduce_sum", {"M": 100, "N": 3001})[1][0]
     tiles = block_reduction_tiles(expr, A100)
-    assert tiles and all(r % 32 == 0 and block["n"] == r and block["m"] * r <= 1024 and thread == {"m": 1, "n": 1}
-                         for thread, block, r in tiles)
-    assert {r for _, _, r in tiles} == {32, 64, 128, 256, 512, 1024}
+    assert tiles and all(s.threads % 32 == 0 and block["n"] == s.threads and block["m"] == s.rows
+                         and s.rows * s.threads <= 1024 and thread == {"m": 1, "n": 1} for thread, block, s in tiles)
+    assert {s.threads for _, _, s in tiles} == {32, 64, 128, 256, 512, 1024}
 
 
 def test_shared_bytes_of_the_combine_by_hand():
@@ -57,11 +58,11 @@ def test_shared_bytes_of_the_combine_by_hand():
 def test_few_long_rows_choose_a_block_reduction():
     expr = _expr("reduce_sum", {"M": 100, "N": 3001})[1][0]
     best = construct(expr, A100, topk=3).programs[0]
-    assert best.gpu["reduce_threads"] >= 256 and best.packed == ()
+    assert best.gpu.reduction.threads >= 256 and best.packed == ()
     assert best.grid == {"m": 100 // best.tiles[1]["m"]}
     # many short rows keep one thread a row
     expr = _expr("reduce_sum", {"M": 4096, "N": 7})[1][0]
-    assert "reduce_threads" not in construct(expr, A100, topk=1).programs[0].gpu
+    assert construct(expr, A100, topk=1).programs[0].gpu.kind is GpuKind.TILES
 
 
 CASES = [("reduce_sum", {"M": 100, "N": 3001}, {}), ("reduce_sum", {"M": 37, "N": 515}, {}),
@@ -72,7 +73,7 @@ CASES = [("reduce_sum", {"M": 100, "N": 3001}, {}), ("reduce_sum", {"M": 37, "N"
 @pytest.mark.parametrize("op,shape,options", CASES)
 def test_opencl_twin_of_every_block_reduction_plan_matches_numpy(op, shape, options):
     spec, (expr, func) = _expr(op, shape, **options)
-    plans = [p for p in construct(expr, A100, topk=20).programs if p.gpu.get("reduce_threads")]
+    plans = [p for p in construct(expr, A100, topk=20).programs if p.gpu.kind is GpuKind.BLOCK_REDUCTION]
     assert plans
     arrays = spec.inputs(shape, "float32", np.random.default_rng(2))
     ref = spec.reference(arrays, shape)
@@ -89,7 +90,7 @@ def test_block_reductions_build_within_the_limits(gpu):
     dev = load_device(gpu, calibrated=False)
     spec, (expr, func) = _expr("reduce_sum", {"M": 100, "N": 3001})
     p = construct(expr, dev, topk=1).programs[0]
-    assert p.gpu.get("reduce_threads")
+    assert p.gpu.kind is GpuKind.BLOCK_REDUCTION
     build = build_cuda(func, expr, p, dev)
     assert not build.problems and build.cubin[:4] == b"\x7fELF"
     assert "__shfl_down_sync" in build.source  # the combine within a warp is by shuffles
@@ -106,12 +107,14 @@ OCLGRIND_SCRIPT = textwrap.dedent("""
     from roller.device import load_device
     from roller.targets.cuda.construct import _program
     from roller.targets.cuda.reduce import estimate_block_reduction
+    from roller.plan.gpuplan import BlockReduction
     dev = load_device("a100", calibrated=False)
     spec = ops.get_op("reduce_sum")
     shape = {"M": 6, "N": 300}
     expr, func = analyze(spec.make(shape, "float32"))
     thread, block = {"m": 1, "n": 1}, {"m": 2, "n": 128}  # 2 rows a block, 4 warps a row: shuffles + staging
-    p = _program(expr, [thread, block], dev, 0.0, estimate_block_reduction(expr, thread, block, 128, dev), 128)
+    shape = BlockReduction(threads=128, rows=2)
+    p = _program(expr, [thread, block], dev, 0.0, estimate_block_reduction(expr, thread, block, shape, dev), shape)
     twin = opencl.opencl_program(schedule_cuda(func, expr, p, dev).mod)
     arrays = spec.inputs(shape, "float32", np.random.default_rng(3))
     got = opencl.run(twin, {"A": arrays[0], "B": np.zeros(6, "float32")}, ("B",))["B"]

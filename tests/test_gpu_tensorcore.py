@@ -12,6 +12,7 @@ from roller.builder.api import analyze
 from roller.targets.cuda.schedule import build_cuda
 from roller.targets import construct
 from roller.device.load import load_device
+from roller.plan.gpuplan import GpuKind
 from roller.targets.cuda.tensorcore import tc_registers, tc_shared_bytes, tensorcore_axes
 
 
@@ -54,8 +55,7 @@ def test_tensor_core_kernels_compile_within_the_limits(gpu, out):
     plans = construct(expr, dev, topk=4).programs
     chosen = None
     for p in plans:  # the model's best plan that builds within the limits (a lowering failure drops one)
-        tc = p.gpu.get("tensor_core")
-        assert tc, "an fp16 matmul on sm_80+ is planned for the tensor cores"
+        assert p.gpu.kind is GpuKind.TENSOR_CORE and p.gpu.tensor_core, "an fp16 matmul on sm_80+ is planned for the tensor cores"
         try:
             build = build_cuda(func, expr, p, dev)
         except Exception as e:  # noqa: BLE001  (BuildError: TVM could not lower this factor set)
@@ -70,8 +70,8 @@ def test_tensor_core_kernels_compile_within_the_limits(gpu, out):
     assert re.search(rf"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.{acc}", build.ptx)
     main = build.main()
     assert not main.spills and main.registers <= dev.gpu.max_registers_per_thread
-    assert main.registers <= p.gpu["registers"] + 16  # the model's estimate is near ptxas's (no worse)
-    assert p.gpu["shared_bytes"] <= dev.gpu.shared_per_block_optin
+    assert main.registers <= p.gpu.model.registers + 16  # the model's estimate is near ptxas's (no worse)
+    assert p.gpu.model.shared_bytes <= dev.gpu.shared_per_block_optin
 
 
 def test_build_says_tensor_core_numbers_are_unchecked():
@@ -80,6 +80,6 @@ def test_build_says_tensor_core_numbers_are_unchecked():
     expr, func = _mixed(64, 64, 64)
     dev = load_device("a100", calibrated=False)
     p = construct(expr, dev, topk=1).programs[0]
-    assert p.gpu.get("tensor_core")
+    assert p.gpu.kind is GpuKind.TENSOR_CORE
     verified, by = _check_twin(func, expr, p, dev, None, None)
     assert verified is None and "no OpenCL twin" in by

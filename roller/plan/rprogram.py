@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
+
+from roller.plan.gpuplan import GpuPlan
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,9 @@ class RProgram:
     footprint_bytes: Mapping[str, int] = field(default_factory=dict)   # level -> bytes one tile holds
     traffic_bytes: Mapping[str, int] = field(default_factory=dict)     # level -> bytes moved into it, whole op
     epsilon: float = 0.0
-    # a GPU plan's block as the model sees it (roller.targets.cuda.construct): threads, registers per thread (the
-    # model's estimate), shared_bytes, blocks_per_sm, warps_per_sm, limited_by, reduction_steps, and
-    # copy_lanes (input -> elements per load of its cooperative copy into shared memory); empty on a CPU
-    gpu: Mapping[str, Any] = field(default_factory=dict)
+    # a GPU plan's choices beyond its tiles (roller.plan.gpuplan: its kind, threads, copy lanes, interleaved axes,
+    # tensor-core fragments or block-reduction shape) and the model's view of its block; None on a CPU
+    gpu: GpuPlan | None = None
 
     def tile(self, level: str) -> Mapping[str, int]:
         return self.tiles[self.levels.index(level)]
@@ -56,10 +57,11 @@ class RProgram:
     @property
     def key(self) -> tuple:
         """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
-        inlined padding stages, prepacked inputs)."""
+        inlined padding stages, prepacked inputs) and a GPU plan's choices (``GpuPlan.key``)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
-                tuple(sorted(self.layouts.items())), self.inlined, self.prepacked)
+                tuple(sorted(self.layouts.items())), self.inlined, self.prepacked) + \
+            (() if self.gpu is None else (self.gpu.key,))
 
     def problem(self, axes: list[str]) -> str | None:
         """Why the plan breaks the tile contract for an expression with these axis names, or None:
@@ -89,8 +91,8 @@ class RProgram:
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
         }
-        if self.gpu:
-            d["gpu"] = dict(self.gpu)
+        if self.gpu is not None:
+            d["gpu"] = self.gpu.to_dict()
         return d
 
     @classmethod
@@ -108,7 +110,7 @@ class RProgram:
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),
             traffic_bytes=dict(d.get("traffic_bytes", {})), epsilon=float(d.get("epsilon", 0.0)),
-            gpu=dict(d.get("gpu", {})))
+            gpu=GpuPlan.from_dict(d["gpu"]) if d.get("gpu") else None)
 
     def describe(self) -> str:
         """One line per level, e.g. ``L1: m=32 n=64 k=128``."""

@@ -27,6 +27,7 @@ from roller.targets.cuda import construct as rules
 from roller.device.spec import Device
 from roller.errors import BuildError, ToolchainError
 from roller.plan.expr import Expr
+from roller.plan.gpuplan import GpuKind
 from roller.plan.rprogram import RProgram
 
 NOT_TIMED = "the model's alone: no GPU was used and nothing was timed"
@@ -70,15 +71,16 @@ def _candidate(p: RProgram, build: CudaBuild | None, error: str | None) -> dict:
         "tiles": {lv: dict(t) for lv, t in zip(p.levels, p.tiles)},
         "grid": dict(p.grid), "units": p.units, "waves": p.waves,
         "predicted_seconds": p.predicted_seconds, "measured_seconds": None, "verified": None,
-        "model": {"threads": p.gpu["threads"], "registers": p.gpu["registers"],
-                  "shared_bytes": p.gpu["shared_bytes"], "blocks_per_sm": p.gpu["blocks_per_sm"],
+        "kind": p.gpu.kind.value,
+        "model": {"threads": p.gpu.threads, "registers": p.gpu.model.registers,
+                  "shared_bytes": p.gpu.model.shared_bytes, "blocks_per_sm": p.gpu.model.blocks_per_sm,
                   "footprint_bytes": dict(p.footprint_bytes)},
         "ptxas": main.to_dict() if main is not None else None,
         "problems": list(build.problems) if build is not None else [],
         "error": error,
         "dropped": build is None or bool(build.problems),
         "predicated": list(p.predicated), "storage_pad": dict(p.storage_pad),
-        "copy_lanes": dict(p.gpu.get("copy_lanes", {})),
+        "copy_lanes": dict(p.gpu.copy_lanes),
     }
 
 
@@ -89,7 +91,7 @@ def _check_twin(func, expr: Expr, program: RProgram, device: Device, inputs, ref
 
     from roller.measure.verify import fill_sentinel
 
-    if program.gpu.get("tensor_core"):
+    if program.gpu.kind is GpuKind.TENSOR_CORE:
         return None, "not checked: tensor-core (WMMA) code has no OpenCL twin, and no GPU ran it"
     reason = opencl.missing() or opencl.unsupported(t.dtype for t in expr.tensors)
     if reason:

@@ -31,6 +31,7 @@ from roller.targets.cuda.cost import GpuEstimate, estimate
 from roller.targets.cuda.reduce import block_reduction_tiles, estimate_block_reduction
 from roller.targets.cuda.tensorcore import ROW_PAD, TC_COPY_LANES, estimate_tensorcore, tensorcore_tiles
 from roller.plan.construct import distinct_programs
+from roller.plan.gpuplan import BlockReduction, GpuKind, GpuPlan, TensorCoreLayout
 from roller.plan.cost import rank
 from roller.targets.cuda.rules import (GpuLevelRules, bank_pad_elements, copy_lanes, interleaved_axes, shared_bytes,
                                        threads_per_block, warp_aligned)
@@ -173,13 +174,18 @@ def block_tiles(expr: Expr, device: Device, thread: Mapping[str, int], eps: floa
 
 
 def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: GpuEstimate,
-             reduce_threads: int = 0, tensor_core: Mapping[str, int] | None = None) -> RProgram:
-    """The RProgram of one plan; ``reduce_threads`` > 0: a block-level reduction (``roller.targets.cuda.reduce``: no
-    input staged in shared memory, the reduction spread over that many threads); ``tensor_core``: a
-    tensor-core plan's factors (``roller.targets.cuda.tensorcore``: inputs staged with its fixed row padding)."""
+             shape: BlockReduction | TensorCoreLayout | None = None) -> RProgram:
+    """The RProgram of one plan: thread and block tiles (``shape`` None), a block-level reduction
+    (``shape`` a BlockReduction, ``roller.targets.cuda.reduce``: no input staged in shared memory, the reduction
+    spread over its threads) or a tensor-core plan (``shape`` a TensorCoreLayout,
+    ``roller.targets.cuda.tensorcore``: inputs staged with its fixed row padding)."""
     thread, block = tiles
     rules = GpuLevelRules.of(device, 1, expr)
-    staged = () if reduce_threads else tuple(t.name for t in expr.inputs)
+    reduction = shape if isinstance(shape, BlockReduction) else None
+    tensor_core = shape if isinstance(shape, TensorCoreLayout) else None
+    if shape is not None and reduction is None and tensor_core is None:
+        raise TypeError(f"{expr.name}: a GPU plan's shape is a BlockReduction or a TensorCoreLayout, got {shape!r}")
+    staged = () if reduction else tuple(t.name for t in expr.inputs)
     if tensor_core:
         pads = dict.fromkeys(staged, ROW_PAD)
         lanes = dict.fromkeys(staged, TC_COPY_LANES)
@@ -187,12 +193,10 @@ def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float
         pads = {t.name: p for t in expr.inputs if t.name in staged and (p := bank_pad_elements(t, block, rules))}
         lanes = {t.name: copy_lanes(t, block, pads.get(t.name, 0)) for t in expr.inputs if t.name in staged}
     e = est.estimate
-    gpu = {**est.resources(), "reduction_steps": est.reduction_steps,
-           "interleaved": () if tensor_core else interleaved_axes(expr, thread), "copy_lanes": lanes}
-    if reduce_threads:
-        gpu["reduce_threads"] = reduce_threads
-    if tensor_core:
-        gpu["tensor_core"] = dict(tensor_core)
+    kind = (GpuKind.TENSOR_CORE if tensor_core else GpuKind.BLOCK_REDUCTION if reduction else GpuKind.TILES)
+    gpu = GpuPlan(kind=kind, threads=est.threads, model=est.block_model(), copy_lanes=lanes,
+                  interleaved=() if tensor_core else interleaved_axes(expr, thread), tensor_core=tensor_core,
+                  reduction=reduction)
     return RProgram(
         levels=tuple(lv.name for lv in device.private_levels), tiles=(dict(thread), dict(block)),
         grid={a.name: ceil_div(a.extent, block[a.name]) for a in expr.axes if a.kind != REDUCE},
@@ -221,21 +225,21 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
         for block in block_tiles(expr, device, thread, epsilon):
             est = estimate(expr, [thread, block], device)
             if est.occupancy.blocks_per_sm:
-                found.append(([thread, block], est, 0))
-    for thread, block, r in block_reduction_tiles(expr, device):  # rows long and few (roller.targets.cuda.reduce)
-        est = estimate_block_reduction(expr, thread, block, r, device)
+                found.append(([thread, block], est, None))
+    for thread, block, shape in block_reduction_tiles(expr, device):  # rows long and few (roller.targets.cuda.reduce)
+        est = estimate_block_reduction(expr, thread, block, shape, device)
         if est.occupancy.blocks_per_sm:
-            found.append(([thread, block], est, r))
-    for warp, block, factors in tensorcore_tiles(expr, device):  # fp16 matmuls on sm_80+ (roller.targets.cuda.tensorcore)
-        est = estimate_tensorcore(expr, warp, block, factors, device)
+            found.append(([thread, block], est, shape))
+    for warp, block, layout in tensorcore_tiles(expr, device):  # fp16 matmuls on sm_80+ (roller.targets.cuda.tensorcore)
+        est = estimate_tensorcore(expr, warp, block, layout, device)
         if est.occupancy.blocks_per_sm:
-            found.append(([warp, block], est, factors))
+            found.append(([warp, block], est, layout))
     ranked = rank(found, lambda x: x[1].estimate.seconds, lambda x: x[1].estimate.memory_seconds)
 
     def build(item):
-        tiles, est, extra = item
-        return (_program(expr, tiles, device, epsilon, est, tensor_core=extra) if isinstance(extra, dict)
-                else _program(expr, tiles, device, epsilon, est, extra))
+        tiles, est, shape = item
+        return _program(expr, tiles, device, epsilon, est, shape)
+    # plain, block-reduction and tensor-core plans with the same tiles are distinct (the GpuPlan is in the key)
     return distinct_programs(ranked, build, lambda item: None, limit)
 
 

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 from roller.device.spec import Device
 from roller.plan.expr import Expr
+from roller.plan.gpuplan import BlockModel
 from roller.targets.cuda.rules import (GpuLevelRules, Occupancy, occupancy, shared_bytes, thread_registers,
                                        threads_per_block, waves)
 from roller.plan.cost import Estimate, cycle_seconds, data_source
@@ -40,9 +41,11 @@ class GpuEstimate:
     occupancy: Occupancy
     reduction_steps: int
 
-    def resources(self) -> dict:
-        return {"threads": self.threads, "registers": self.registers, "shared_bytes": self.shared_bytes,
-                **self.occupancy.to_dict()}
+    def block_model(self) -> BlockModel:
+        """The block as the model sees it, as the plan records it (``GpuPlan.model``)."""
+        return BlockModel(registers=self.registers, shared_bytes=self.shared_bytes,
+                          blocks_per_sm=self.occupancy.blocks_per_sm, warps_per_sm=self.occupancy.warps_per_sm,
+                          limited_by=self.occupancy.limited_by, reduction_steps=self.reduction_steps)
 
 
 def latency_efficiency(warps_per_sm: int, device: Device) -> float:

@@ -17,7 +17,8 @@ Policy only (plain arithmetic). Offered where:
 
 A plan's tiles: thread tile 1 along every axis; block tile ``S`` along the innermost spatial axis with an
 extent over 1 (1 along the others) and ``R`` along the reduction (a step of the block: ``R`` elements, one a
-thread); ``RProgram.gpu["reduce_threads"] = R`` tells code generation to bind the reduction to the threads.
+thread); the plan's ``GpuPlan`` of kind ``BLOCK_REDUCTION`` with ``BlockReduction(threads=R, rows=S)`` tells code
+generation to bind the reduction to the threads.
 Inputs are not staged in shared memory (each element is read once). The model: the block's global traffic at
 its SM's share of the bandwidth, as far as its resident warps keep enough loads in flight to hide the latency
 (``load_efficiency``), its flops at the SM's rate, plus the cross-thread combine (a shuffle step per halving
@@ -30,6 +31,7 @@ from typing import Mapping
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.gpuplan import BlockReduction
 from roller.targets.cuda.cost import GpuEstimate, latency_efficiency
 from roller.targets.cuda.rules import GpuLevelRules, SHARED_ALIGN_BYTES, occupancy, waves
 from roller.plan.cost import Estimate, cycle_seconds, data_source
@@ -66,9 +68,9 @@ def _row_axis(expr: Expr) -> str | None:
     return spatial[-1].name if spatial else None
 
 
-def block_reduction_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, int], dict[str, int], int]]:
-    """(thread tile, block tile, R) of every block-level reduction plan offered: R whole warps up to the
-    row's length and the block's thread limit, S rows a block in powers of two (see module doc)."""
+def block_reduction_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, int], dict[str, int], BlockReduction]]:
+    """(thread tile, block tile, its BlockReduction(R, S)) of every block-level reduction plan offered: R whole
+    warps up to the row's length and the block's thread limit, S rows a block in powers of two (see module doc)."""
     r = reduce_axis(expr, device)
     if r is None:
         return []
@@ -82,7 +84,7 @@ def block_reduction_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, in
         S = 1
         while S <= rows_max and S * R <= limit:
             block = {**thread, r: R, **({row: S} if row else {})}
-            out.append((thread, block, R))
+            out.append((thread, block, BlockReduction(threads=R, rows=S)))
             S *= 2
         R *= 2
     return out
@@ -107,11 +109,14 @@ def load_efficiency(expr: Expr, source, warps: int, bandwidth: float, device: De
     return min(1.0, in_flight / (bandwidth * latency))
 
 
-def estimate_block_reduction(expr: Expr, thread: Mapping[str, int], block: Mapping[str, int], reduce_threads: int,
-                             device: Device) -> GpuEstimate:
+def estimate_block_reduction(expr: Expr, thread: Mapping[str, int], block: Mapping[str, int],
+                             shape: BlockReduction, device: Device) -> GpuEstimate:
     """The model's prediction for a block-level reduction plan (see module doc)."""
     levels = device.private_levels
-    rows = math.prod(block[a.name] for a in expr.axes if a.kind != REDUCE)
+    rows, reduce_threads = shape.rows, shape.threads
+    if rows != math.prod(block[a.name] for a in expr.axes if a.kind != REDUCE):
+        raise ValueError(f"{expr.name}: a block-reduction of {rows} rows a block, but the block tile {dict(block)} "
+                         f"has {math.prod(block[a.name] for a in expr.axes if a.kind != REDUCE)}")
     threads = rows * reduce_threads
     smem = reduction_shared_bytes(rows, reduce_threads, device)
     occ = occupancy(device, threads, device.model.reduce_registers, smem)

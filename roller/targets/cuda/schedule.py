@@ -5,19 +5,20 @@ Loop structure for axes i, j (spatial) and k (reduce), thread tile (ti, tj, 1), 
     [i_g j_g fused: blockIdx.x] [i_v: vthread.y] [j_v: vthread.x] [i_t j_t fused: threadIdx.x] k_o | k_i
      one block per block tile    a thread's tile, interleaved    one thread per thread tile   steps | the step
 
-A thread's tile is strided by the block's threads along the plan's ``gpu["interleaved"]`` axes (TVM's
+A thread's tile is strided by the block's threads along the plan's ``gpu.interleaved`` axes (TVM's
 virtual threads: a warp's stores are coalesced and its shared-memory reads along a row hit distinct banks);
 along other spatial axes it is contiguous (an unrolled inner loop). Its accumulators live in registers
 (``cache_write`` to ``local`` at the thread loop: initialized before the reduction, written back once).
 Every input is staged in shared memory per reduction step (``cache_read`` to ``shared`` at ``k_o``): the
 block's threads copy it cooperatively, the copy's loops fused and split over ``threadIdx.x`` with the
-plan's vector width innermost (``RProgram.gpu["copy_lanes"]``, aligned by construction; checked here),
+plan's vector width innermost (``RProgram.gpu.copy_lanes``, aligned by construction; checked here),
 its rows padded by the plan's bank padding (``storage_align``). Overhanging block tiles are predicated
 (TVM's split bounds). A producer stage of the function (a convolution's zero padding) is folded into the
 shared copy, else it runs at root as its own kernel over blocks and threads.
 
-A block-level reduction plan (``RProgram.gpu["reduce_threads"]``, rows long and few) has its own loop
-structure: ``roller.targets.cuda.schedule_reduce``.
+The plan's kind (``RProgram.gpu.kind``, ``roller.plan.gpuplan``) picks the code: ``TILES`` as above, ``BLOCK_REDUCTION``
+(rows long and few) its own loop structure (``roller.targets.cuda.schedule_reduce``), ``TENSOR_CORE`` dlight's WMMA
+recipe with the plan's fragment layout (``roller.targets.cuda.schedule_tensorcore``).
 
 The same schedule compiles for CUDA (``target_for(device)``) and for OpenCL (``roller.targets.cuda.opencl``),
 which runs on a CPU without a GPU to check the numbers.
@@ -31,6 +32,7 @@ from roller.targets.cuda.toolchain import KernelResources
 from roller.device.spec import Device
 from roller.errors import BuildError
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.gpuplan import GpuKind
 from roller.plan.rprogram import RProgram
 from roller.tir.schedutil import check_program, fuse_axes, main_block, producer_of, read_index, storage_pad, try_step
 from roller.targets.cuda.launch import KernelLaunch, kernel_launches, lower
@@ -46,26 +48,34 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     import tvm
 
     check_program(expr, program)
-    if len(program.tiles) != 2 or not program.gpu:
+    if len(program.tiles) != 2 or program.gpu is None:
         raise BuildError(f"{expr.name}: device {device.name!r} is of kind 'gpu' but the plan is not a GPU plan "
                          f"(levels {list(program.levels)}, no block resources); construct it for this device")
     notes = notes if notes is not None else []
     thread, block_tile = program.tiles
     sch = tvm.s_tir.Schedule(func)
-    if program.gpu.get("tensor_core"):  # fp16 matmul on the tensor cores (roller.targets.cuda.tensorcore)
+    kind = program.gpu.kind
+    if kind is GpuKind.TENSOR_CORE:  # fp16 matmul on the tensor cores (roller.targets.cuda.tensorcore)
         from roller.targets.cuda.schedule_tensorcore import schedule_tensorcore
 
         schedule_tensorcore(sch, expr, program, device, notes)
         return sch
-    if program.gpu.get("reduce_threads"):  # the threads of a block share rows (roller.targets.cuda.reduce)
+    if kind is GpuKind.BLOCK_REDUCTION:  # the threads of a block share rows (roller.targets.cuda.reduce)
         from roller.targets.cuda.schedule_reduce import schedule_block_reduction
 
         schedule_block_reduction(sch, expr, program, device, notes, _bind_root)
         return sch
+    if kind is not GpuKind.TILES:
+        raise BuildError(f"{expr.name}: no code generator for a GPU plan of kind {kind!r}")
     block = main_block(sch, expr)
     axis_loop = fuse_axes(sch, block, expr)
 
-    interleaved = list(program.gpu.get("interleaved", ()))
+    interleaved = list(program.gpu.interleaved)
+    if any(a not in thread or expr.axis(a).kind == REDUCE for a in interleaved):
+        raise BuildError(f"{expr.name}: the plan interleaves {interleaved}, which are not all spatial axes "
+                         f"of {[a.name for a in expr.axes]}")
+    if len(interleaved) > 3:
+        raise BuildError(f"{expr.name}: the plan interleaves {len(interleaved)} axes; TVM has 3 virtual thread axes")
     vthread = {a: f"vthread.{d}" for a, d in zip(reversed(interleaved), "xyz")}
     grids, vthreads, threads, inner, outer_r, inner_r = [], [], [], [], [], []
     for ax in expr.axes:
@@ -95,9 +105,9 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     n_threads = int(sch.get(tx).extent)
-    if n_threads != program.gpu["threads"]:
+    if n_threads != program.gpu.threads:
         raise BuildError(f"{expr.name}: the schedule has {n_threads} threads a block, the plan "
-                         f"{program.gpu['threads']}")
+                         f"{program.gpu.threads}")
 
     consumers = list(sch.get_consumers(block))
     if outer_r:
@@ -112,10 +122,17 @@ def schedule_cuda(func, expr: Expr, program: RProgram, device: Device, notes: li
         notes.append(f"{sch.get(c).name_hint} runs as its own kernel")
         _bind_root(sch, c)
 
-    copy_lanes = program.gpu.get("copy_lanes", {})
+    copy_lanes = program.gpu.copy_lanes
+    unstaged = sorted(set(copy_lanes) - set(program.packed))
+    if unstaged:
+        raise BuildError(f"{expr.name}: the plan gives copy lanes to {unstaged}, which it does not stage in "
+                         f"shared memory (packed: {list(program.packed)})")
     for t in expr.inputs:
         idx = read_index(sch, block, t.name)
         if idx is None or not outer_r or t.name not in program.packed:
+            if t.name in program.packed:  # a reported fact: the plan's copy into shared memory does not happen
+                why = "the kernel has no reduction step to stage it at" if idx is not None else "the main block does not read it"
+                notes.append(f"{t.name} is read from global memory, not staged in shared memory: {why}")
             continue
         stage = producer_of(sch, block, t.name)
         shared = sch.cache_read(block, idx, "shared")
@@ -209,7 +226,7 @@ def resource_problems(device: Device, program: RProgram, resources, verified: bo
     counted (an SM never runs more than the blocks it gets)."""
     from roller.targets.cuda.rules import occupancy
 
-    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
+    limits = gpu_limits(device, dynamic_shared=program.gpu is not None and program.gpu.kind is GpuKind.TENSOR_CORE)
     out = [] if verified else [f"verify_gpu_code: the kernel breaks the limits {limits}"]
     for r in resources:
         if r.registers > device.gpu.max_registers_per_thread:
@@ -217,14 +234,15 @@ def resource_problems(device: Device, program: RProgram, resources, verified: bo
         if r.spills:
             out.append(f"{r.kernel}: spills {r.spill_store_bytes} B stored / {r.spill_load_bytes} B loaded")
     main = max(resources, key=lambda r: (r.registers, r.shared_bytes)) if resources else None
-    if main is not None and program.gpu:
+    if main is not None and program.gpu is not None:
         # the model counts the blocks an SM runs at once, at most the blocks it gets (roller.targets.cuda.cost)
-        occ = occupancy(device, program.gpu["threads"], main.registers, main.shared_bytes)
+        occ = occupancy(device, program.gpu.threads, main.registers, main.shared_bytes)
         per_sm = math.ceil(math.prod(program.grid.values()) / device.units.count)
-        if occ.blocks_per_sm == 0 or min(occ.blocks_per_sm, per_sm) < min(program.gpu["blocks_per_sm"], per_sm):
+        assumed = program.gpu.model.blocks_per_sm
+        if occ.blocks_per_sm == 0 or min(occ.blocks_per_sm, per_sm) < min(assumed, per_sm):
             out.append(f"{main.kernel}: {occ.blocks_per_sm} blocks per SM with {main.registers} registers and "
                        f"{main.shared_bytes} B shared (limited by {occ.limited_by}); the model assumed "
-                       f"{program.gpu['blocks_per_sm']} (of the {per_sm} each SM gets)")
+                       f"{assumed} (of the {per_sm} each SM gets)")
     return out
 
 
@@ -244,7 +262,7 @@ def build_cuda(func, expr: Expr, program: RProgram, device: Device, notes: list[
         source = tvm.compile(sch.mod, target).mod.imports[0].inspect_source("")
     except tvm.error.InternalError as e:  # a lowering pass rejects this plan's schedule: this candidate only
         raise BuildError(f"{expr.name}: TVM could not lower the schedule: {(str(e).splitlines() or [''])[-1]}") from None
-    limits = gpu_limits(device, dynamic_shared=bool(program.gpu.get("tensor_core")))
+    limits = gpu_limits(device, dynamic_shared=program.gpu.kind is GpuKind.TENSOR_CORE)
     verified = all(tvm.s_tir.analysis.verify_gpu_code(f, limits)
                    for m in devices.values() for f in m.functions.values())
     ptx = cudatools.to_ptx(source, arch)

@@ -18,6 +18,7 @@ import math
 from roller.device.spec import Device
 from roller.errors import BuildError
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.gpuplan import GpuKind
 from roller.plan.rprogram import RProgram
 from roller.tir.schedutil import fuse_axes, main_block
 
@@ -28,7 +29,13 @@ def schedule_block_reduction(sch, expr: Expr, program: RProgram, device: Device,
     block = main_block(sch, expr)
     loops = fuse_axes(sch, block, expr)
     _, tile = program.tiles
-    R = int(program.gpu["reduce_threads"])
+    shape = program.gpu.reduction
+    if program.gpu.kind is not GpuKind.BLOCK_REDUCTION or shape is None:
+        raise BuildError(f"{expr.name}: a GPU plan of kind {program.gpu.kind.value} is not a block-level reduction")
+    if program.packed:
+        raise BuildError(f"{expr.name}: a block-level reduction stages nothing in shared memory; the plan packs "
+                         f"{list(program.packed)}")
+    R = shape.threads
     grids, rows, reduce_loops = [], [], []
     for ax in expr.axes:
         if ax.kind == REDUCE:
@@ -49,9 +56,12 @@ def schedule_block_reduction(sch, expr: Expr, program: RProgram, device: Device,
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(reduce_loops[0], "threadIdx.x")
-    threads = int(sch.get(ty).extent) * R
-    if threads != program.gpu["threads"]:
-        raise BuildError(f"{expr.name}: the schedule has {threads} threads a block, the plan {program.gpu['threads']}")
+    rows = int(sch.get(ty).extent)
+    if rows != shape.rows:
+        raise BuildError(f"{expr.name}: the schedule has {rows} rows a block, the plan {shape.rows}")
+    threads = rows * R
+    if threads != program.gpu.threads:
+        raise BuildError(f"{expr.name}: the schedule has {threads} threads a block, the plan {program.gpu.threads}")
     for c in sch.get_consumers(block):
         notes.append(f"{sch.get(c).name_hint} runs as its own kernel")
         bind_root(sch, c)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from roller.device.spec import Device
 from roller.errors import BuildError
 from roller.plan.expr import Expr
+from roller.plan.gpuplan import GpuKind
 from roller.plan.rprogram import RProgram
 
 WARP = 32
@@ -32,8 +33,11 @@ def schedule_tensorcore(sch, expr: Expr, program: RProgram, device: Device, note
     from roller.targets.cuda.tensorcore import FRAG, OUT_PAD, ROW_PAD, TC_COPY_LANES
     from roller.tir.schedutil import main_block
 
-    tc = program.gpu["tensor_core"]
-    wm, wn, fm, fn, kf = tc["warps_m"], tc["warps_n"], tc["frags_m"], tc["frags_n"], tc["frags_k"]
+    tc = program.gpu.tensor_core
+    if program.gpu.kind is not GpuKind.TENSOR_CORE or tc is None:
+        raise BuildError(f"{expr.name}: a GPU plan of kind {program.gpu.kind.value} is not a tensor-core plan")
+    wm, wn, fm, fn, kf = tc.warps_m, tc.warps_n, tc.frags_m, tc.frags_n, tc.frags_k
+    _check_block_tile(expr, program, device, tc)
     out_dtype = str(expr.output.dtype)
     try:
         block = main_block(sch, expr)
@@ -119,3 +123,33 @@ def schedule_tensorcore(sch, expr: Expr, program: RProgram, device: Device, note
     except ScheduleError as e:
         raise BuildError(f"{expr.name}: a tensor-core schedule step does not apply: "
                          f"{(str(e).splitlines() or [''])[0]}") from None
+
+
+def _check_block_tile(expr: Expr, program: RProgram, device: Device, tc) -> None:
+    """BuildError unless the plan's block tile, threads, copy lanes and row padding are what this schedule
+    generates for its fragment layout ``tc`` (the schedule follows the layout; a plan that says otherwise
+    cannot be honoured)."""
+    from roller.targets.cuda.tensorcore import FRAG, ROW_PAD, TC_COPY_LANES, tensorcore_axes
+
+    axes = tensorcore_axes(expr, device)
+    if axes is None:
+        raise BuildError(f"{expr.name}: a tensor-core plan, but the operator is not an fp16 matmul the device "
+                         f"{device.name!r} runs on tensor cores")
+    i, j, k = axes
+    block = program.tiles[-1]
+    want = {i: FRAG * tc.warps_m * tc.frags_m, j: FRAG * tc.warps_n * tc.frags_n, k: FRAG * tc.frags_k}
+    got = {a: block.get(a) for a in want}
+    if got != want:
+        raise BuildError(f"{expr.name}: the tensor-core layout {tc} makes block tiles {want}, the plan has {got}")
+    if program.gpu.threads != WARP * tc.warps_m * tc.warps_n:
+        raise BuildError(f"{expr.name}: the tensor-core layout has {WARP * tc.warps_m * tc.warps_n} threads a "
+                         f"block, the plan {program.gpu.threads}")
+    inputs = [t.name for t in expr.inputs]
+    lanes = {n: program.gpu.copy_lanes.get(n) for n in inputs}
+    if any(v != TC_COPY_LANES for v in lanes.values()):
+        raise BuildError(f"{expr.name}: the tensor-core schedule copies {TC_COPY_LANES} halves a load, the plan "
+                         f"asks for {lanes}")
+    pads = {n: program.storage_pad.get(n) for n in inputs}
+    if any(v != ROW_PAD for v in pads.values()):
+        raise BuildError(f"{expr.name}: the tensor-core schedule pads staged rows by {ROW_PAD} halves, the plan "
+                         f"by {pads}")

@@ -5,7 +5,7 @@ Policy only (plain arithmetic). Offered where the operator has two fp16 inputs i
 windows), one reduction axis and an fp16 or fp32 output, and the spec names a float16 tensor-core peak on an
 sm_80+ architecture. A plan is a warp tile (``frags_m`` x ``frags_n`` fragments, the level-0 tile: a warp's
 fragments in registers) and a block tile of ``warps_m`` x ``warps_n`` warp tiles by ``frags_k`` fragments of
-reduction (the level-1 tile, staged in shared memory); ``RProgram.gpu["tensor_core"]`` holds those factors
+reduction (the level-1 tile, staged in shared memory); ``RProgram.gpu.tensor_core`` (a ``TensorCoreLayout``) holds those factors
 for ``roller.targets.cuda.schedule_tensorcore``. The operator is padded to whole block tiles (a tile may overhang an
 axis by at most ``MAX_WASTE`` of it).
 
@@ -24,6 +24,7 @@ from typing import Mapping
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.gpuplan import TensorCoreLayout
 from roller.targets.cuda.cost import GpuEstimate, latency_efficiency
 from roller.targets.cuda.rules import GpuLevelRules, occupancy, waves
 from roller.plan.cost import Estimate, cycle_seconds, data_source
@@ -80,8 +81,8 @@ def tc_shared_bytes(bm: int, bn: int, bk: int, acc_bytes: int) -> int:
     return PIPELINE_STAGES * (bm + bn) * (bk + ROW_PAD) * 2 + bm * (bn + OUT_PAD) * acc_bytes
 
 
-def tensorcore_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, int], dict[str, int], dict[str, int]]]:
-    """(warp tile, block tile, factors) of every tensor-core plan offered (see module doc)."""
+def tensorcore_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, int], dict[str, int], TensorCoreLayout]]:
+    """(warp tile, block tile, fragment layout) of every tensor-core plan offered (see module doc)."""
     axes = tensorcore_axes(expr, device)
     if axes is None:
         return []
@@ -97,19 +98,19 @@ def tensorcore_tiles(expr: Expr, device: Device) -> list[tuple[dict[str, int], d
                     continue
                 warp = {a: 1 for a in ext}
                 warp.update({i: FRAG * fm, j: FRAG * fn, k: FRAG})
-                out.append((warp, block, {"warps_m": wm, "warps_n": wn, "frags_m": fm, "frags_n": fn,
-                                          "frags_k": fk}))
+                out.append((warp, block, TensorCoreLayout(warps_m=wm, warps_n=wn, frags_m=fm, frags_n=fn,
+                                                          frags_k=fk)))
     return out
 
 
-def estimate_tensorcore(expr: Expr, warp: Mapping[str, int], block: Mapping[str, int], f: Mapping[str, int],
+def estimate_tensorcore(expr: Expr, warp: Mapping[str, int], block: Mapping[str, int], f: TensorCoreLayout,
                         device: Device) -> GpuEstimate:
     """The model's prediction for a tensor-core plan (see module doc)."""
     levels = device.private_levels
     acc_bytes = expr.output.elem_bytes
     i, j, k = tensorcore_axes(expr, device)
-    threads = 32 * f["warps_m"] * f["warps_n"]
-    regs = tc_registers(f["frags_m"], f["frags_n"], f["frags_k"], acc_bytes)
+    threads = 32 * f.warps_m * f.warps_n
+    regs = tc_registers(f.frags_m, f.frags_n, f.frags_k, acc_bytes)
     smem = tc_shared_bytes(block[i], block[j], block[k], acc_bytes)
     occ = occupancy(device, threads, regs, smem)  # shared memory up to the opt-in limit a block (dynamic)
     blocks_per_sm = occ.blocks_per_sm
@@ -122,7 +123,7 @@ def estimate_tensorcore(expr: Expr, warp: Mapping[str, int], block: Mapping[str,
     padded = math.prod(round_up(a.extent, block[a.name]) for a in expr.axes)
     compute = padded * expr.flops_per_point / blocks / rate
     # fragments from shared memory: per reduction fragment, each warp loads frags_m A and frags_n B fragments
-    q_frag = (blocks * steps * f["frags_k"] * f["warps_m"] * f["warps_n"] * (f["frags_m"] + f["frags_n"])
+    q_frag = (blocks * steps * f.frags_k * f.warps_m * f.warps_n * (f.frags_m + f.frags_n)
               * FRAG * FRAG * 2)
     q_global = traffic(expr, block, GpuLevelRules.of(device, 1, expr))
     source = data_source(expr, device)
