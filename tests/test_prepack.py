@@ -229,3 +229,18 @@ def test_block_elements_counts_padded_rows():
     assert PackedLayout((6, 10), ((4, 10),), ((0, 1), (1, 0))).block_elements() == 40
     # rows of 8 padded by 3 to 11: a 5x8 top tile stores 5 rows of 11
     assert PackedLayout((5, 12), ((5, 8),), ((0, 1), (0, 1)), row_pad=3).block_elements() == 55
+
+
+def test_a_scalar_constant_is_not_prepacked():
+    """A 0-d constant input (an attention scale, say) has no layout to pack: packed_layout declines it. It
+    raised the IndexError at ``row = sizes[last[-1]][-1]`` that issue 31 reports for BERT and DistilBERT."""
+    from policy_exprs import acc, matmul
+
+    from roller.plan.prepack import packed_layout, prepackable
+    from roller.plan.expr import Expr
+
+    e = matmul(64, 64, 64)
+    scaled = Expr("matmul_scale", e.axes, e.inputs + (acc("s", ()),), e.output, zero_pad_axes=e.zero_pad_axes)
+    tiles = [{"i": 4, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 64, "k": 64}]
+    assert packed_layout(scaled, scaled.inputs[-1], tiles, "j", 16) is None
+    assert "s" not in prepackable(scaled, tiles, "j", 16, (), frozenset({"B", "s"}))

@@ -83,6 +83,8 @@ def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
             shape.append(e)
             sizes.append(clamped if len(parts) == 1 else [e] * len(clamped))
             axis_of.append(axis.name)
+    if not shape:  # a scalar (a 0-d constant such as attention's scale): nothing to lay out
+        return None
     position = {a.name: i for i, a in enumerate(expr.axes)}
     reduce = {a.name for a in expr.axes if a.kind == REDUCE}
     dims = range(len(shape))
