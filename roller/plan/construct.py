@@ -271,6 +271,16 @@ def _program(expr: Expr, choices: RProgram, device: Device, eps: float, est: Est
         traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
 
 
+def replanned(expr: Expr, program: RProgram, device: Device, constants: frozenset[str]) -> RProgram:
+    """``program``'s plan (same tiles, vector axis, tails, inlined stages) made again with the ``constants``
+    given: its choices that follow from them (prepacked inputs, prefetches, register transposes, balancing)
+    decided as construction decides them, and the model's prediction of the result."""
+    ex = layout_expr(expr, program.vector_axis)
+    choices, est = estimated(ex, plan_choices(ex, program.tiles, device, program.vector_axis, program.padded,
+                                              program.inlined, frozenset(constants)), device)
+    return _program(ex, choices, device, program.epsilon, est)
+
+
 def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
            vector_axis: str | None) -> list[list[dict[str, int]]]:
     """Every combination of the per-level tiles scale_up carries on (depth first, bottom level first)."""
