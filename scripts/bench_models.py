@@ -94,12 +94,9 @@ def bench(name: str, proto, args) -> dict:
         row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference)["matches"]
         impls.append(("roller_unpacked", cu.run_fn(feeds)))
     if args.ab_balance:  # the same plans' kernels with TVM's fixed split of the grid (in-process, uncached)
-        from roller.targets.cpu import balance
-        balance.ENABLED = False
-        try:
+        from benchutil import plans_with
+        with plans_with(balanced=False):
             cs = roller.compile_model(proto, dev, name=name, cache=False)
-        finally:
-            balance.ENABLED = True
         row["static_matches"] = frontend.compare(cs.run(feeds), reference)["matches"]
         impls.append(("roller_static", cs.run_fn(feeds)))
     if args.profile:

@@ -7,6 +7,7 @@ Imported by the benchmark scripts (bench_ops, bench_suite, bench_models, model_b
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -292,3 +293,25 @@ def dynamic_linear(k: int, n: int):
     r = te.reduce_axis((0, k), name="r")
     y = te.compute((seq, n), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="Y")
     return te.create_prim_func([a, w, y])
+
+
+@contextlib.contextmanager
+def plans_with(**fields):
+    """Within the block, every plan construction makes (``roller.plan.construct.construct``, which the CPU target
+    and so ``roller.compile_model`` call) has ``fields`` replaced (``dataclasses.replace``): an A/B of one plan
+    field with everything else the same, e.g. ``plans_with(balanced=False)`` for TVM's fixed split of the grid,
+    ``plans_with(prefetched=())`` for no software prefetch. Predictions stay the model's for the plans as made."""
+    import dataclasses
+
+    from roller.plan import construct as module
+
+    original = module.construct
+
+    def construct(*args, **kwargs):
+        cons = original(*args, **kwargs)
+        return dataclasses.replace(cons, programs=tuple(dataclasses.replace(p, **fields) for p in cons.programs))
+    module.construct = construct
+    try:
+        yield
+    finally:
+        module.construct = original

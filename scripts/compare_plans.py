@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-LIST_FIELDS = ("padded", "predicated", "packed", "inlined")
+LIST_FIELDS = ("padded", "predicated", "packed", "inlined", "prefetched", "register_transposes")
 
 
 def edited(program, spec: str):
@@ -103,8 +103,7 @@ def main() -> None:
         program = edited(ranked[int(rank)], edits)
         t0 = time.perf_counter()
         call = checked_plan(func, expr, program, device, arrays, reference, text)
-        pred = estimate(expr, program.tiles, device, program.vector_axis, program.padded, program.inlined,
-                        constants).seconds
+        pred = estimate(expr, program, device).seconds  # what the (edited) plan says, as given
         print(f"{text}: built in {time.perf_counter() - t0:.1f} s, right; pred {pred * 1e6:.1f} us; "
               + program.describe().replace("\n", " | "))
         impls.append((text, call))

@@ -3,6 +3,8 @@ checks that a dump made earlier is byte-identical: the guard that a policy chang
 
     python3 scripts/cpu_plans_snapshot.py --write /tmp/cpu_plans.json     # before the change
     python3 scripts/cpu_plans_snapshot.py --check /tmp/cpu_plans.json     # after it: exit 1 on any difference
+    python3 scripts/cpu_plans_snapshot.py --check /tmp/cpu_plans.json --ignore-keys balanced,prefetched
+                                                                          # fields added since the dump left out
 
 The device is the host (as calibrated) unless --device names a spec; the dump is taken and checked on the
 same machine.
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
     group.add_argument("--check", metavar="JSON", help="compare with the dump written here before")
     ap.add_argument("--device", default="host", help="host (default), a shipped CPU spec or a YAML path")
     ap.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches (a quick check)")
+    ap.add_argument("--ignore-keys", metavar="KEYS", default="",
+                    help="comma-separated plan keys left out of the comparison (fields added since the dump)")
     args = ap.parse_args(argv)
     text = dump(args.device, args.cases)
     if args.write:
@@ -56,6 +60,14 @@ def main(argv=None) -> int:
         print(f"identical: {len(json.loads(text))} cases")
         return 0
     old, new = json.loads(before), json.loads(text)
+    ignore = {k for k in args.ignore_keys.split(",") if k}
+    if ignore:
+        def strip(v):
+            return [{k: x for k, x in p.items() if k not in ignore} for p in v] if isinstance(v, list) else v
+        old, new = ({c: strip(v) for c, v in d.items()} for d in (old, new))
+        if old == new:
+            print(f"identical but for {sorted(ignore)}: {len(new)} cases")
+            return 0
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     print(f"DIFFERENT in {len(changed)} case(s): {', '.join(changed)}", file=sys.stderr)
     return 1

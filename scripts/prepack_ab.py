@@ -40,16 +40,18 @@ def main(argv=None) -> int:
                    help="compare prepacked kernels with and without the prefetch of the next top tile's weights "
                         "(roller.targets.cpu.prefetch) instead")
     args = p.parse_args(argv)
+    import contextlib
+
     import roller
-    from roller.targets.cpu import prefetch
+    from benchutil import plans_with
 
     dev = roller.load_device()
     proto = models()[args.model]()
     cms = {}
     for k in (True, False):
-        prefetch.ENABLED = k or not args.prefetch
-        cms[k] = roller.compile_model(proto, dev, name=args.model, cache=False, prepack=k or args.prefetch)
-    prefetch.ENABLED = True
+        # the B side of --prefetch: the same plans with no prefetched input (RProgram.prefetched)
+        with plans_with(prefetched=()) if args.prefetch and not k else contextlib.nullcontext():
+            cms[k] = roller.compile_model(proto, dev, name=args.model, cache=False, prepack=k or args.prefetch)
     funcs = {k: dict((f["name"], (f, call)) for f, call in zip(*roller_functions(cm))) for k, cm in cms.items()}
     reports = {k: {r.name: r for r in cm.report} for k, cm in cms.items()}
     cold_timer = ColdTimer(time.thread_time)

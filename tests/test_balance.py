@@ -9,10 +9,13 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
+from roller.plan.choices import estimate_tiles
 from roller.tir import ops
 from roller.tir.analysis import analyze
 from roller.targets import schedule
-from roller.targets.cpu.balance import balance_grid, worth_balancing
+from roller.errors import BuildError
+from roller.targets.cpu.balance import balance_grid
+from roller.plan.choices import balanced_grid
 from roller.targets import construct
 from roller.device.load import load_device
 from roller.device.spec import family_model
@@ -105,7 +108,10 @@ def test_a_grid_loop_whose_tail_lowering_splits_off_is_not_balanced():
     whole = {**first.tiles[0], "h": 6, "w": 6, "k": 16, "c": 8}  # three tiles of output channels, one partial
     plan = dataclasses.replace(first, tiles=(reg, whole, whole), predicated=("k",), padded=(),
                                predicted_seconds=MIN_SECONDS * 10)
-    assert worth_balancing(an.expr, plan, device)  # compute-bound and long enough: balanced but for the hint
+    # compute-bound and long enough, but its grid loop carries the hint: the plan does not balance
+    assert not balanced_grid(an.expr, plan, device, plan.predicted_seconds) and not plan.balanced
+    with pytest.raises(BuildError, match="balances its parallel grid"):  # a plan that says so cannot be followed
+        schedule(an.func, an.expr, dataclasses.replace(plan, balanced=True), device)
     func = schedule(an.func, an.expr, plan, device).mod["main"]
     assert "pthread_spin_lock" not in func.script()
     ins = spec.inputs(shape)
@@ -123,7 +129,7 @@ def test_memory_bound_operators_keep_the_fixed_split():
     shape = spec.full_shape({"M": 100, "N": 3001})
     an = analyze(spec.make(shape))
     plan = dataclasses.replace(construct(an.expr, device, topk=1).programs[0], predicted_seconds=MIN_SECONDS * 10)
-    assert not worth_balancing(an.expr, plan, device)
+    assert not balanced_grid(an.expr, plan, device, plan.predicted_seconds) and not plan.balanced
     assert "pthread_spin_lock" not in schedule(an.func, an.expr, plan, device).mod["main"].script()
 
 
@@ -136,8 +142,8 @@ def test_codegen_balances_only_plans_predicted_long_enough():
     ins = spec.inputs(shape)
     ref = spec.reference(ins, shape)
     for seconds, balanced in ((MIN_SECONDS * 2, True), (MIN_SECONDS / 2, False)):
-        prog = dataclasses.replace(plan, predicted_seconds=seconds)
-        assert worth_balancing(an.expr, prog, device) == balanced  # a matmul: compute-bound
+        assert balanced_grid(an.expr, plan, device, seconds) == balanced  # a matmul: compute-bound
+        prog = dataclasses.replace(plan, balanced=balanced)  # codegen follows the plan's field
         func = schedule(an.func, an.expr, prog, device).mod["main"]
         assert ("pthread_spin_lock" in func.script()) == balanced
         ex = compile_for(tvm.IRModule({"main": func}), target_for(device))
@@ -159,7 +165,7 @@ def test_model_charges_the_wait_for_the_slowest_core():
 
     def extra(expr, tiles, axis):
         """(seconds the spread adds, seconds a top tile takes, waves, balanced) of a plan."""
-        flat, slow = model.estimate(expr, tiles, even, axis), model.estimate(expr, tiles, device, axis)
+        flat, slow = estimate_tiles(expr, tiles, even, axis), estimate_tiles(expr, tiles, device, axis)
         per_tile = (flat.seconds - model.launch_seconds(even, flat.units)) / flat.waves
         return slow.seconds - flat.seconds, per_tile, flat.waves, model.balances(expr, flat.seconds, device)
 
@@ -169,7 +175,7 @@ def test_model_charges_the_wait_for_the_slowest_core():
     for tiles, waves in ((one, 1), (eight, 8)):
         added, per_tile, got, balanced = extra(mm, tiles, "n")
         assert got == waves and balanced and added == pytest.approx(spread * per_tile, rel=1e-6)  # balanced: one tile
-    assert model.estimate(mm, eight, device, "n").seconds < model.estimate(mm, one, device, "n").seconds
+    assert estimate_tiles(mm, eight, device, "n").seconds < estimate_tiles(mm, one, device, "n").seconds
 
     short = [{"m": 4, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 64}, {"m": 8, "n": 32, "k": 64}]
     small = analyze(ops.OPS["matmul"].make({"M": 16, "N": 64, "K": 64})).expr  # compute-bound, under 50 us

@@ -352,15 +352,15 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
     """Construction offers both ways to run a padding stage; the model charges the copy to the staged plan
     and a bounds check per load to the inlined one, so a memory-bound stride-2 depthwise conv reads in
     place while a compute-bound 3x3 conv keeps its copy (both measured so, see model.INLINE_CHECK_CYCLES)."""
-    from roller.plan.cost import estimate
+    from roller.plan.choices import estimate_tiles
     from roller.plan.tails import copy_bytes, inline_options
 
     dw_spec, _, dw, dw_progs = constructed("depthwise_conv2d", dict(N=1, H=112, W=112, C=96, R=3, S=3, stride=2,
                                                                      pad=1), device, topk=3)
     top = dw_progs[0]
     assert inline_options(dw, top.tiles, top.vector_axis, 16, ()) == [(), ("pad_temp",)]
-    staged = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ())
-    inlined = estimate(dw, top.tiles, device, top.vector_axis, top.padded, ("pad_temp",))
+    staged = estimate_tiles(dw, top.tiles, device, top.vector_axis, top.padded, ())
+    inlined = estimate_tiles(dw, top.tiles, device, top.vector_axis, top.padded, ("pad_temp",))
     assert copy_bytes(dw, top.tiles[-1], (), top.packed, ("pad_temp",)) < copy_bytes(dw, top.tiles[-1], (), top.packed)
     # its window is read in vectors along the channels: one check per window row, not charged
     assert inlined.compute_seconds == staged.compute_seconds and inlined.seconds < staged.seconds
@@ -369,8 +369,8 @@ def test_padding_stage_is_a_plan_choice_the_model_charges(device):
     first = conv_progs[0]
     assert first.inlined == ()
     # its window is broadcast element by element along the output channels: each load is checked
-    assert (estimate(conv, first.tiles, device, first.vector_axis, first.padded, ("pad_temp",)).compute_seconds
-            > estimate(conv, first.tiles, device, first.vector_axis, first.padded, ()).compute_seconds)
+    assert (estimate_tiles(conv, first.tiles, device, first.vector_axis, first.padded, ("pad_temp",)).compute_seconds
+            > estimate_tiles(conv, first.tiles, device, first.vector_axis, first.padded, ()).compute_seconds)
     # no padding stage, nothing to inline
     _, _, mm, mm_progs = constructed("matmul", dict(M=8, N=8, K=8), device, 1)
     assert inline_options(mm, mm_progs[0].tiles, mm_progs[0].vector_axis, 16, ()) == [()]
@@ -459,19 +459,19 @@ def test_group_replication_is_vectorized_in_runs_of_one_broadcast_element(device
 
 
 @pytest.mark.build
-def test_transposed_pack_goes_in_square_blocks(device, monkeypatch):
+def test_transposed_pack_goes_in_square_blocks(device):
     """B of an [N, K] linear layer packed transposed per top tile: 16 x 16 blocks (each source run of 16
     read for 16 rows at a time), not a run of every row of the tile at once; and the kernel stays right.
-    (The blocks as the schedule leaves them: with codegen.transpose off, which would shuffle them.)"""
-    from roller.targets.cpu import transpose
+    (The blocks as the schedule leaves them: the plan without register transposes, which would shuffle them.)"""
+    import dataclasses
 
-    monkeypatch.setattr(transpose, "ENABLED", False)
     spec = ops.OPS["matmul"].with_options(layout="nt")
     shape = {"M": 40, "N": 96, "K": 64}
     from roller.builder.api import analyze as api_analyze
     from roller.targets import construct
     expr, func = api_analyze(spec.make(shape))
     prog = next(p for p in construct(expr, device, topk=5).programs if p.layouts.get("B"))
+    prog = dataclasses.replace(prog, register_transposes=())
     text = schedule(func, expr, prog, device).mod.script()
     copy = text[:text.index('T.sblock("B_global")')].splitlines()[-3:]
     n_top = prog.tiles[-1]["n"]
@@ -511,6 +511,8 @@ def test_a_predicated_vector_axis_runs_its_partial_vector_as_a_narrower_vector(d
     spec, func, expr = analysed("depthwise_conv2d", shape)
     prog = dataclasses.replace(program(expr, (1, 4, 1, 16, 1, 1), (1, 4, 7, 16, 5, 5), (1, 4, 7, 16, 5, 5)),
                                predicated=("h", "w", "c"))
+    from roller.plan.choices import held_grid
+    prog = dataclasses.replace(prog, held_grid=held_grid(expr, prog.tiles, prog.vector_axis, 16, prog.predicated))
     ex = run_against_numpy(spec, func, expr, prog, device, shape)
     ll = ex.mod.inspect_source("ll")
     assert "<10 x float>" in ll

@@ -7,7 +7,8 @@ import pytest
 from policy_exprs import acc, conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
 from roller.plan.construct import EPSILON_STEPS, TWO_VECTOR_WASTE, construct, enumerate_programs
 from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
-from roller.plan.cost import TIE, estimate, launch_seconds, tile_overhead
+from roller.plan.choices import estimate_tiles
+from roller.plan.cost import TIE, launch_seconds, tile_overhead
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
                                compute_lanes, default_vector_axis, footprint, padding_waste, round_up, tile_counts)
@@ -189,7 +190,7 @@ def test_rprogram_round_trips_through_dict():
 def test_model_by_hand_memory_bound_elementwise():
     e = elementwise(1 << 20)
     tiles = [{"a0": 16}, {"a0": 1024}, {"a0": 65536}]
-    est = estimate(e, tiles, DEV)
+    est = estimate_tiles(e, tiles, DEV)
     # 16 top tiles over 4 units: 4 waves. The 12 MiB fit L3 (16 MiB): its bandwidth per unit is
     # min(40, 80 / 4) = 20 GB/s; L2 is filled with 12 MiB, a sixteenth per tile; each tile also costs the
     # model's fixed overhead; the kernel, that of starting its parallel loop.
@@ -203,11 +204,11 @@ def test_calibrated_figures_change_the_prediction():
     e = matmul(1024, 1024, 1024)  # 12 MiB: in L3 between calls (3 MiB would stay in the 4 units' L2)
     tiles = list(construct(e, DEV, topk=1).programs[0].tiles)
     fast = DEV.with_calibration({"peak_gflops": {"float32": 200.0}})
-    before, after = estimate(e, tiles, DEV), estimate(e, tiles, fast)
+    before, after = estimate_tiles(e, tiles, DEV), estimate_tiles(e, tiles, fast)
     assert after.compute_seconds == pytest.approx(before.compute_seconds / 2)
     assert after.seconds < before.seconds
     slow_l3 = DEV.with_calibration({"bandwidth_gbps": {"L3": {"unit": 1.0, "total": 1.0}}})
-    assert estimate(e, tiles, slow_l3).seconds > before.seconds
+    assert estimate_tiles(e, tiles, slow_l3).seconds > before.seconds
 
 
 def test_accumulator_efficiency_counts_independent_vectors():
@@ -223,8 +224,8 @@ def test_accumulator_efficiency_counts_independent_vectors():
     assert default_vector_axis(r) == "k"
     assert accumulator_efficiency(r, {"i": 2, "k": 16}, spec_dev, "k") == 2 / 8
     assert accumulator_efficiency(e, {"i": 1, "j": 16, "k": 1}, DEV, "j") == 1.0  # spec without the field
-    slow = estimate(e, [{"i": 1, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
-    fast = estimate(e, [{"i": 4, "j": 64, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
+    slow = estimate_tiles(e, [{"i": 1, "j": 16, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
+    fast = estimate_tiles(e, [{"i": 4, "j": 64, "k": 1}, {"i": 16, "j": 64, "k": 64}, {"i": 64, "j": 128, "k": 256}], spec_dev)
     assert slow.compute_seconds == pytest.approx(8 * fast.compute_seconds)
 
 
@@ -384,7 +385,7 @@ def test_register_tiles_whose_loads_read_runs_side_by_side_in_a_page_pay_for_the
     assert interleaved_run_seconds(e, tiles(1, 6, 96), dev, "c") == 0  # X is not broadcast: the vector axis
     assert interleaved_run_seconds(e, tiles(1, 6, 96), DEV, "k") == 0  # a spec that does not say: no term
     # the model ranks the tall tile ahead of the wide one, all else the same
-    est = lambda t: estimate(e, t, dev, "k").seconds
+    est = lambda t: estimate_tiles(e, t, dev, "k").seconds
     assert est(tiles(6, 1, 96)) < est(tiles(1, 6, 96))
 
 
@@ -417,8 +418,8 @@ def test_data_near_the_private_caches_capacity_comes_partly_from_them():
     assert source_bandwidth(mid, DEV, 4) == pytest.approx(1 / (share / 100.0 + (1 - share) / 20.0))
     assert data_source(mid, DEV).name == ("L2" if share >= 0.5 else "L3")
     # the top level fills at the blend: its memory time is its traffic at each active unit's share
-    from roller.plan.cost import estimate
-    est = estimate(mid, [{"i": 1, "k": 16}, {"i": 4, "k": 1024}, {"i": 16, "k": 1024}], DEV)
+    from roller.plan.choices import estimate_tiles
+    est = estimate_tiles(mid, [{"i": 1, "k": 16}, {"i": 4, "k": 1024}, {"i": 16, "k": 1024}], DEV)
     assert est.units == 4 and 0 < est.memory_seconds["L2"] == pytest.approx(
         est.traffic_bytes["L2"] / (source_bandwidth(mid, DEV, 4) * 1e9))
     assert resident_share(reduce_rows(16, 1024), load_device("a100")) == 0.0  # GPUs: no term
@@ -435,9 +436,9 @@ def test_register_accumulators_stay_in_registers_through_levels_holding_one_regi
     assert accumulator_parent(e, [reg, seven, top], 0) is seven  # 7 register tiles: back to memory per chunk
     assert accumulator_parent(e, [reg, one, t(21, 1, 16, 176)], 0) is None  # one register tile throughout
     assert accumulator_parent(e, [reg, seven, top], 1) is top and accumulator_parent(e, [reg, seven, top], 2) is None
-    from roller.plan.cost import estimate
+    from roller.plan.choices import estimate_tiles
     # the model now tells them apart: the 7-tile plan reloads its accumulators 11 times
-    assert estimate(e, [reg, one, top], DEV, "k").seconds < estimate(e, [reg, seven, top], DEV, "k").seconds
+    assert estimate_tiles(e, [reg, one, top], DEV, "k").seconds < estimate_tiles(e, [reg, seven, top], DEV, "k").seconds
 
 
 def test_the_accumulator_tile_is_where_code_generation_puts_it():
@@ -483,7 +484,7 @@ def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
     assert two == pytest.approx(vectors * 5 * CPU_MODEL.accumulator_cycles * cycle_seconds(DEV))
     assert accumulator_seconds(e, [reg, t(28, 1, 64, 16), top], DEV, "k") > two
     # the model ranks the one-pass plan first (790 against 672 us measured, one thread)
-    assert estimate(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate(
+    assert estimate_tiles(e, [reg, t(28, 1, 64, 64), top], DEV, "k").seconds < estimate_tiles(
         e, [reg, t(28, 1, 64, 32), top], DEV, "k").seconds
     # chunks of the top tile's reduction keep its whole output tile between them (28 x 14 x 256 floats,
     # 392 KiB: in L2, not L1): each move costs L1's bandwidth over L2's (200 / 100 GB/s on this spec)
@@ -546,7 +547,7 @@ def test_a_repeating_stage_reads_its_source_and_writes_at_its_element_rate():
     region = math.prod(rep.region(top))
     assert region == 10 * 58 * 4 * 64
     fill = tensor_footprint(rep, top, LevelRules.of(DEV, 2, e, "k"), moved=True) * tiles_count
-    est, est_plain = estimate(e, tiles, DEV, "k"), estimate(plain, tiles, DEV, "k")
+    est, est_plain = estimate_tiles(e, tiles, DEV, "k"), estimate_tiles(plain, tiles, DEV, "k")
     saved = fill * (1 - 1 / 4) + region * 4 * tiles_count * (2 - 1 / 4)  # fill; copy: read and write -> read
     assert est.traffic_bytes["L2"] == pytest.approx(est_plain.traffic_bytes["L2"] - saved)
     assert replicate_seconds(e, top, DEV) == pytest.approx(region * CPU_MODEL.replicate_cycles * cycle_seconds(DEV))
@@ -558,18 +559,18 @@ def test_constants_from_memory_cost_their_traffic_at_memorys_bandwidth():
     """With Device.constants_level set (a model whose weights outgrow the caches), the prepacked weight's
     traffic into the top level is charged at that level's bandwidth; other inputs and plans without
     prepacked constants are charged as before."""
-    from roller.plan.cost import estimate
+    from roller.plan.choices import estimate_tiles
 
     e = matmul(256, 1024, 1024)
     cold = dataclasses.replace(DEV, constants_level="DRAM")
     prog = construct(e, DEV, topk=1, constants=frozenset({"B"})).programs[0]
-    warm = estimate(e, prog.tiles, DEV, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
-    colder = estimate(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
+    warm = estimate_tiles(e, prog.tiles, DEV, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
+    colder = estimate_tiles(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined, frozenset({"B"}))
     top = DEV.private_levels[-1].name
     assert colder.memory_seconds[top] > warm.memory_seconds[top]
     assert colder.traffic_bytes == warm.traffic_bytes
-    plain = estimate(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined)
-    assert plain.memory_seconds == estimate(e, prog.tiles, DEV, prog.vector_axis, prog.padded,
+    plain = estimate_tiles(e, prog.tiles, cold, prog.vector_axis, prog.padded, prog.inlined)
+    assert plain.memory_seconds == estimate_tiles(e, prog.tiles, DEV, prog.vector_axis, prog.padded,
                                             prog.inlined).memory_seconds
 
 
@@ -597,7 +598,7 @@ def test_plans_that_split_the_reduction_over_several_register_tiles_rank_behind_
     reg, top = t(4, 64, 1), t(128, 128, 64)
     split, whole = [reg, t(32, 64, 32), top], [reg, t(4, 64, 16), top]
     assert accumulator_seconds(e, split, dev, "n") > 0 == accumulator_seconds(e, whole, dev, "n")
-    est = {id(p): estimate(e, p, dev, "n") for p in (split, whole)}
+    est = {id(p): estimate_tiles(e, p, dev, "n") for p in (split, whole)}
     ranked = rank([split, whole], lambda p: est[id(p)].seconds, lambda p: est[id(p)].memory_seconds)
     assert ranked[0] is whole
 
@@ -634,7 +635,7 @@ def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reu
         return [reg, dict(reg, c=176), dict(reg, h=14, w=42, k=32, c=176)]
 
     def ratio(dev=dev):
-        narrow, wide = (estimate(expr, tiles(h, k), dev, "k", ()) for h, k in ((14, 16), (7, 32)))
+        narrow, wide = (estimate_tiles(expr, tiles(h, k), dev, "k", ()) for h, k in ((14, 16), (7, 32)))
         assert narrow.compute_seconds == pytest.approx(wide.compute_seconds)
         return narrow.seconds / wide.seconds
 

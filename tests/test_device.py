@@ -3,6 +3,7 @@ import pytest
 import yaml
 
 from policy_exprs import cpu_spec, spec_error
+from roller.plan.choices import estimate_tiles
 from roller.device.spec import device_from_dict, load_spec_file, parse_size, shipped_specs
 from roller.device.load import load_device
 from roller.errors import DeviceSpecError
@@ -129,7 +130,7 @@ def test_a_spec_model_figure_reaches_the_estimate():
     """A spec's ``model:`` entry replaces the family's default and the estimate reads it: doubling the parallel
     launch's cycles adds one more launch to a plan that runs on both units."""
     from roller.device.spec import device_from_dict
-    from roller.plan.cost import cycle_seconds, estimate
+    from roller.plan.cost import cycle_seconds
     from policy_exprs import matmul
 
     base = device_from_dict(_avx512_dict(), "x86-avx512")
@@ -143,7 +144,7 @@ def test_a_spec_model_figure_reaches_the_estimate():
     assert doubled.to_dict()["model"]["parallel_launch_cycles"] == {"value": 6000, "source": "test: doubled"}
     e = matmul(64, 64, 64)
     tiles = [{"i": 4, "j": 16, "k": 1}, {"i": 8, "j": 32, "k": 64}, {"i": 32, "j": 64, "k": 64}]
-    one, two = estimate(e, tiles, base), estimate(e, tiles, doubled)
+    one, two = estimate_tiles(e, tiles, base), estimate_tiles(e, tiles, doubled)
     assert one.units == 2
     assert two.seconds - one.seconds == pytest.approx(3000 * cycle_seconds(base), rel=1e-6)
 

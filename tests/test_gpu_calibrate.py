@@ -131,7 +131,7 @@ def test_fma_reference_is_the_chain():
 SMEM_SCRIPT = """
 import numpy as np, tvm
 from gpu_marks import GPUS, needs_cuda, needs_oclgrind, needs_opencl
-from microbench import gpu
+from roller.targets.cuda import microbench as gpu
 from roller.targets.cuda import opencl
 prog = opencl.opencl_program(tvm.IRModule({"main": gpu.smem_kernel(2, 64, 40, size=256)}))
 a = np.arange(256, dtype="float32")

@@ -113,8 +113,8 @@ OCLGRIND_SCRIPT = textwrap.dedent("""
     shape = {"M": 6, "N": 300}
     expr, func = analyze(spec.make(shape, "float32"))
     thread, block = {"m": 1, "n": 1}, {"m": 2, "n": 128}  # 2 rows a block, 4 warps a row: shuffles + staging
-    shape = BlockReduction(threads=128, rows=2)
-    p = _program(expr, [thread, block], dev, 0.0, estimate_block_reduction(expr, thread, block, shape, dev), shape)
+    red = BlockReduction(threads=128, rows=2)
+    p = _program(expr, [thread, block], dev, 0.0, estimate_block_reduction(expr, thread, block, red, dev), red)
     twin = opencl.opencl_program(schedule_cuda(func, expr, p, dev).mod)
     arrays = spec.inputs(shape, "float32", np.random.default_rng(3))
     got = opencl.run(twin, {"A": arrays[0], "B": np.zeros(6, "float32")}, ("B",))["B"]

@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from roller.plan.choices import held_grid
+
 from roller.tir import ops
 from roller.builder.api import analyze as api_analyze
 from roller.targets import build, schedule
@@ -36,7 +38,8 @@ def program(expr, reg, l1, l2, packed=(), pad=None, padded=True):
     tiles = tuple(dict(zip(names, t)) for t in (reg, l1, l2))
     pads, preds = tail_options(expr, tiles, default_vector_axis(expr), 16)[-1 if padded else 0]
     return RProgram(levels=LEVELS, tiles=tiles, grid={}, units=2, waves=1, vector_axis=default_vector_axis(expr),
-                    packed=tuple(packed), storage_pad=dict(pad or {}), padded=pads, predicated=preds)
+                    packed=tuple(packed), storage_pad=dict(pad or {}), padded=pads, predicated=preds,
+                    held_grid=held_grid(expr, tiles, default_vector_axis(expr), 16, preds))
 
 
 def run(func, expr, prog, device, ins, ref, tol=1e-4):
@@ -98,7 +101,9 @@ def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, o
     assert ((), every) in options and (every, ()) in options
     assert all(set(pads) | set(preds) == set(every) and not set(pads) & set(preds) for pads, preds in options)
     for pads, preds in options:
-        plans.append(replace(over, padded=pads, predicated=preds))
+        # the held grid loop follows the tails (roller.plan.choices.held_grid)
+        plans.append(replace(over, padded=pads, predicated=preds,
+                             held_grid=held_grid(expr, over.tiles, over.vector_axis, 16, preds)))
     for p in plans:
         run(func, expr, p, device, ins, ref)
 
@@ -236,7 +241,7 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
     constant) and it runs scalar (4 of 84 lanes at a lane's speed); elsewhere it is a vector loop of its
     own: one piece for 4 lanes, two (8 + 2) for 42 channels' 10."""
     from policy_exprs import elementwise
-    from roller.plan.cost import estimate
+    from roller.plan.choices import estimate_tiles
     from roller.plan.tails import serial_tail, tail_compute_factor, vector_tail_split
 
     expr = elementwise(10, 84)
@@ -254,8 +259,8 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
     # tiles on two cores take four waves, not three
     alone = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=16)]
     assert serial_tail(expr, alone, "a1", 16, ("a1",)) and not serial_tail(expr, alone, "a1", 16, ())
-    assert estimate(expr, alone, device, "a1", padded=()).waves == 4
-    assert estimate(expr, alone, device, "a1", padded=("a1",)).waves == 3
+    assert estimate_tiles(expr, alone, device, "a1", padded=()).waves == 4
+    assert estimate_tiles(expr, alone, device, "a1", padded=("a1",)).waves == 3
     narrow = elementwise(10, 42)
     tiles = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=16)]
     assert tail_compute_factor(narrow, tiles, "a1", 16, ("a1",)) == pytest.approx(1 + 1 / 3)

@@ -197,23 +197,26 @@ def test_constant_params_only_where_every_call_passes_a_constant():
 
 @pytest.mark.build
 @pytest.mark.parametrize("enabled", [True, False])
-def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled, monkeypatch):
+def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled):
     """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.targets.cpu.prefetch):
     the kernel carries the prefetches, outside the register tile's loop, and still matches numpy."""
     import tvm
 
-    from roller.targets.cpu import prefetch
+    import dataclasses
+
+    from roller.plan.choices import MIN_BLOCK_BYTES
     from roller.targets import schedule
     from roller.plan.prepack import program_layouts
     from roller.tir.compile import target_for
 
-    monkeypatch.setattr(prefetch, "ENABLED", enabled)
     shape = dict(N=1, H=7, W=7, C=256, K=512, R=1, S=1)
     func = ops.get_op("conv2d").make(shape)
     expr, norm = analyze(func)
     plan = construct(expr, device, 1, frozenset({"weight"})).programs[0]
+    assert plan.prefetched == ("weight",)  # the plan decides (roller.plan.choices.prefetched_inputs)
+    plan = dataclasses.replace(plan, prefetched=plan.prefetched if enabled else ())  # the A/B of the field
     layout = program_layouts(expr, plan, device)["weight"]
-    assert layout.block_elements() * 4 >= prefetch.MIN_BLOCK_BYTES
+    assert layout.block_elements() * 4 >= MIN_BLOCK_BYTES
     text = schedule(norm, expr, plan, device).mod.script()
     assert ("llvm.prefetch" in text) == enabled
     rng = np.random.default_rng(0)

@@ -5,9 +5,10 @@ tiles share (``model.halo_bytes``), and L1 tiles that walk slices of a pixel's c
 import pytest
 
 from policy_exprs import acc, conv2d_nhwc, cpu, matmul, spec_error
+from roller.plan.choices import estimate_tiles
 from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr
 from roller.plan.cost import (accumulation_chain, accumulator_efficiency, cycle_seconds,
-                              estimate, halo_bytes, sliced_row_seconds, top_step_axis)
+                              halo_bytes, sliced_row_seconds, top_step_axis)
 from roller.plan.rtile import LevelRules, tensor_footprint, tile_counts
 from roller.device.spec import family_model
 
@@ -55,7 +56,7 @@ def test_the_chain_is_the_reduction_of_the_accumulators_parent():
     tiles = [{"n": 1, "h": 1, "w": 1, "c": 16, "r": 1, "s": 1}, {"n": 1, "h": 1, "w": 1, "c": 16, "r": 3, "s": 3},
              {"n": 1, "h": 1, "w": 83, "c": 48, "r": 3, "s": 3}]
     assert accumulation_chain(pool, tiles, "c", 16) == 9
-    alone, overlap = estimate(pool, tiles, ALONE, "c"), estimate(pool, tiles, OVERLAP, "c")
+    alone, overlap = estimate_tiles(pool, tiles, ALONE, "c"), estimate_tiles(pool, tiles, OVERLAP, "c")
     assert alone.compute_seconds == pytest.approx(overlap.compute_seconds * 64 / 9)
 
 
@@ -123,4 +124,4 @@ def test_l1_tiles_walking_channel_slices_pay_per_line():
     assert sliced_row_seconds(pool, [reg, wide, top], STREAMS, "c", packed=("X",)) == 0.0
     assert sliced_row_seconds(pool, [reg, wide, top], ALONE, "c") == 0.0
     # the estimate puts the sliced walk behind the whole one
-    assert estimate(pool, [reg, wide, top], STREAMS, "c").seconds > estimate(pool, [reg, whole, top], STREAMS, "c").seconds
+    assert estimate_tiles(pool, [reg, wide, top], STREAMS, "c").seconds > estimate_tiles(pool, [reg, whole, top], STREAMS, "c").seconds

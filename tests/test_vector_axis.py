@@ -4,6 +4,7 @@ a fixed 'most bytes' rule picked a reduction with a tiny register tile, pinned, 
 import numpy as np
 import pytest
 
+from roller.plan.choices import estimate_tiles
 from roller.tir import ops
 from roller.builder.api import analyze, build_op
 from roller.targets import construct
@@ -101,16 +102,16 @@ def test_model_charges_transposed_packs_and_folds_serially(monkeypatch):
     e = op_expr("matmul", dict(M=64, N=248, K=512), layout="nt")
     laid = layout_expr(e, "n")
     tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 16, "n": 32, "k": 64}, {"m": 32, "n": 128, "k": 512}]
-    with_copy = model.estimate(laid, tiles, DEV, "n")
+    with_copy = estimate_tiles(laid, tiles, DEV, "n")
     cycles = DEV.model.transpose_cycles
-    without = model.estimate(laid, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, transpose_cycles=0.0)), "n")
+    without = estimate_tiles(laid, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, transpose_cycles=0.0)), "n")
     per_tile = 128 * 512 * cycles * model.cycle_seconds(DEV)  # the top tile's [K, N] region of B, once
     assert with_copy.seconds - without.seconds == pytest.approx(with_copy.waves * per_tile, rel=1e-6)
 
     tiles = [{"m": 2, "n": 2, "k": 16}, {"m": 4, "n": 8, "k": 128}, {"m": 32, "n": 64, "k": 512}]
-    folded = model.estimate(e, tiles, DEV, "k")
+    folded = estimate_tiles(e, tiles, DEV, "k")
     cycles = DEV.model.fold_cycles
-    unfolded = model.estimate(e, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, fold_cycles=0.0)), "k")
+    unfolded = estimate_tiles(e, tiles, dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, fold_cycles=0.0)), "k")
     per_tile = 32 * 64 * 16 * cycles * model.cycle_seconds(DEV)  # every output's 16 lanes
     assert folded.seconds - unfolded.seconds == pytest.approx(folded.waves * per_tile, rel=1e-6)
 
@@ -223,7 +224,7 @@ def test_padded_copies_made_once_at_root_run_before_the_kernel_not_under_it():
     """A prime matmul (127 x 251 x 509) padded along m copies A whole at root, a parallel loop of its
     own before the kernel's. Charged as the top level's traffic, under the compute, that plan ranked
     first; the plan predicating m instead ran 1.11-1.34x faster (two threads)."""
-    from roller.plan.cost import estimate, launch_seconds, source_bandwidth
+    from roller.plan.cost import launch_seconds, source_bandwidth
     from roller.plan.tails import copy_bytes, root_copy_bytes
 
     e = op_expr("matmul", dict(M=127, N=251, K=509))
@@ -235,8 +236,8 @@ def test_padded_copies_made_once_at_root_run_before_the_kernel_not_under_it():
     t = lambda m, n, k: {"m": m, "n": n, "k": k}
     tiles = [t(4, 64, 1), t(4, 64, 64), t(128, 64, 512)]
     assert copy_bytes(e, tiles[-1], ("m", "n"), ("B",)) >= 2 * a_bytes
-    predicated = estimate(e, tiles, DEV, "n", ("n",)).seconds
-    padded = estimate(e, tiles, DEV, "n", ("m", "n")).seconds
+    predicated = estimate_tiles(e, tiles, DEV, "n", ("n",)).seconds
+    padded = estimate_tiles(e, tiles, DEV, "n", ("m", "n")).seconds
     assert padded - predicated >= 2 * a_bytes / (source_bandwidth(e, DEV) * 1e9) + launch_seconds(DEV, 2)
 
 

@@ -117,8 +117,7 @@ class RollerRule(Rule):
         import dataclasses
 
         from roller.builder.api import analyze, build
-        from roller.plan.prepack import prepackable
-        from roller.plan.rtile import compute_lanes
+        from roller.plan.construct import replanned
         from roller.targets import target_of
 
         expr, norm = analyze(func)
@@ -135,9 +134,10 @@ class RollerRule(Rule):
         measured = [c["measured_seconds"] for c in result.report["candidates"]]
         chosen = result.report["chosen"]
         program = result.program
-        if constants:
-            program = dataclasses.replace(program, prepacked=prepackable(
-                expr, program.tiles, program.vector_axis, compute_lanes(expr, device), program.padded, constants))
+        if constants and target_of(device).kind == "cpu":
+            # the profiled plan with its constants prepacked, decided and predicted as construction does (the
+            # GPU's code generation prepacks nothing)
+            program = replanned(expr, program, device, constants)
         out = self._schedule(norm, expr, program, device)
         if isinstance(out, Declined):
             return Declined(f"profiled plan not scheduled: {out.reason}")

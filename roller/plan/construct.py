@@ -11,6 +11,7 @@ Plans are ranked with roller.plan.cost; epsilon (the allowed padding waste) grow
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -19,13 +20,13 @@ from typing import Mapping
 from roller.device.spec import Device
 from roller.errors import InvalidShapeError, UnsupportedExpressionError
 from roller.plan.expr import REDUCE, Expr
-from roller.plan.cost import Estimate, compute_rate, estimate, rank, source_bandwidth, tensor_bytes
-from roller.plan.prepack import prepackable
+from roller.plan.choices import estimated, plan_choices
+from roller.plan.cost import Estimate, compute_rate, rank, source_bandwidth, tensor_bytes
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (LevelRules, default_vector_axis, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint,
-                               level_footprints, exact_axes, layout_expr, next_aligned, packing, packing_bytes,
+                               level_footprints, exact_axes, layout_expr, next_aligned, packing_bytes,
                                padding_waste, reuse_score, round_up, tile_counts, traffic, vector_candidates)
-from roller.plan.tails import (inline_options, partial_sums, predicated_axes, spills_window, stack_array,
+from roller.plan.tails import (inline_options, spills_window, stack_array,
                                tail_options, tiling_extents)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -258,25 +259,26 @@ def _reduction_fits_above(expr: Expr, device: Device, reg: Mapping[str, int], ve
     return footprint(expr, whole, rules) <= rules.capacity
 
 
-def _program(expr: Expr, tiles: list[dict[str, int]], device: Device, eps: float, est: Estimate,
-             vector_axis: str | None, padded: tuple[str, ...], inlined: tuple[str, ...] = (),
-             constants: frozenset[str] = frozenset()) -> RProgram:
-    """The plan with every layout choice the generated code depends on (see RProgram)."""
-    packed, pads = packing(expr, tiles, device, vector_axis, inlined)
-    layouts = {t.name: t.packed_order for t in expr.inputs if t.packed_order}
-    lanes = compute_lanes(expr, device)
-    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants)
-    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
-    grid = {a.name: ceil_div(a.extent, tiles[-1][a.name]) for a in expr.axes if a.kind != REDUCE}
+def _program(expr: Expr, choices: RProgram, device: Device, eps: float, est: Estimate) -> RProgram:
+    """The plan ``choices`` (``roller.plan.choices.plan_choices``, balancing decided) with the model's
+    prediction ``est`` of it."""
+    tiles = [dict(t) for t in choices.tiles]
     foot = dict(est.footprint_bytes)
-    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, vector_axis)
-    return RProgram(
-        levels=tuple(lv.name for lv in device.private_levels), tiles=tuple(dict(t) for t in tiles), grid=grid,
-        units=est.units, waves=est.waves, vector_axis=vector_axis, packed=packed, storage_pad=pads,
-        padded=padded, predicated=predicated, partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
-        layouts=layouts, inlined=inlined, prepacked=prepacked,
-        predicted_seconds=est.seconds, compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds),
-        footprint_bytes=foot, traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
+    foot[device.private_levels[-1].name] += packing_bytes(expr, tiles, device, choices.vector_axis)
+    return dataclasses.replace(
+        choices, units=est.units, waves=est.waves, predicted_seconds=est.seconds,
+        compute_seconds=est.compute_seconds, memory_seconds=dict(est.memory_seconds), footprint_bytes=foot,
+        traffic_bytes=dict(est.traffic_bytes), epsilon=eps)
+
+
+def replanned(expr: Expr, program: RProgram, device: Device, constants: frozenset[str]) -> RProgram:
+    """``program``'s plan (same tiles, vector axis, tails, inlined stages) made again with the ``constants``
+    given: its choices that follow from them (prepacked inputs, prefetches, register transposes, balancing)
+    decided as construction decides them, and the model's prediction of the result."""
+    ex = layout_expr(expr, program.vector_axis)
+    choices, est = estimated(ex, plan_choices(ex, program.tiles, device, program.vector_axis, program.padded,
+                                              program.inlined, frozenset(constants)), device)
+    return _program(ex, choices, device, program.epsilon, est)
 
 
 def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
@@ -328,7 +330,7 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
     The vector axis is a choice like the tile sizes: plans are built for every candidate
     (``rtile.vector_candidates``; only ``axes`` when given), each with its own level-0 rules and
     layout (``rtile.layout_expr``), and ranked together."""
-    plans: list[tuple[str | None, list[dict[str, int]], tuple[str, ...], tuple[str, ...]]] = []
+    plans: list[RProgram] = []
     ests: list[Estimate] = []
     for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
         ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
@@ -339,16 +341,17 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
         for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
             for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
                 for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):
-                    plans.append((va, tiles, padded, inlined))
-                    ests.append(estimate(ex, tiles, device, va, padded, inlined, constants))
+                    prog, est = estimated(ex, plan_choices(ex, tiles, device, va, padded, inlined, constants),
+                                          device)
+                    plans.append(prog)
+                    ests.append(est)
     ranked = rank(list(zip(ests, range(len(plans)))), lambda x: x[0].seconds, lambda x: x[0].memory_seconds,
-                  lambda x: tile_counts(expr, plans[x[1]][1][0])[0])
+                  lambda x: tile_counts(expr, plans[x[1]].tiles[0])[0])
 
     def build(item):
         est, i = item
-        va, tiles, padded, inlined = plans[i]
-        return _program(layout_expr(expr, va), tiles, device, epsilon, est, va, padded, inlined, constants)
-    return distinct_programs(ranked, build, lambda item: plans[item[1]][0], limit)
+        return _program(layout_expr(expr, plans[i].vector_axis), plans[i], device, epsilon, est)
+    return distinct_programs(ranked, build, lambda item: plans[item[1]].vector_axis, limit)
 
 
 def distinct_programs(ranked, build, vector_axis, limit: int | None = None) -> list[RProgram]:
@@ -445,8 +448,8 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             continue
         padded = rng.choice(tail_options(ex, tiles, va, compute_lanes(ex, device)))[0]
         inlined = rng.choice(inline_options(ex, tiles, va, compute_lanes(ex, device), padded))
-        est = estimate(ex, tiles, device, va, padded, inlined)
-        prog = _program(ex, tiles, device, epsilon, est, va, padded, inlined)
+        choices, est = estimated(ex, plan_choices(ex, tiles, device, va, padded, inlined), device)
+        prog = _program(ex, choices, device, epsilon, est)
         if prog.key not in seen:
             seen.add(prog.key)
             out.append(prog)

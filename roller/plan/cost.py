@@ -46,15 +46,15 @@ from roller.plan.overheads import (DEFAULT_CLOCK_GHZ, PAGE_BYTES, broadcast_run,
                                    interleaved_run_seconds, launch_seconds, repeated_fill_bytes, replicate_seconds,
                                    short_row_bytes, sliced_row_seconds, stage_copy_seconds, tile_overhead,
                                    top_step_axis, transpose_seconds, untracked_stream_seconds, workspace_seconds)
-from roller.plan.prepack import prepackable
 from roller.plan.ranking import TIE, Estimate, rank  # noqa: F401
+from roller.plan.rprogram import RProgram
 from roller.plan.residency import (balances, data_source, imbalance_seconds, memory_bound,  # noqa: F401
                                    private_fill, resident_share, shared_source, source_bandwidth, tensor_bytes,
                                    unit_bandwidth)
-from roller.plan.rtile import (LevelRules, ceil_div, compute_lanes, default_vector_axis, layout_expr, level_footprints,
-                               packing, round_up, tensor_footprint, tile_counts, traffic)
-from roller.plan.tails import (clamped_top, copy_bytes, partial_sums, predicated_axes, root_copy_bytes, serial_tail,
-                               tail_compute_factor, tail_options, tiling_extents)
+from roller.plan.rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints,
+                               round_up, tensor_footprint, tile_counts, traffic)
+from roller.plan.tails import (clamped_top, copy_bytes, partial_sums, root_copy_bytes, serial_tail,
+                               tail_compute_factor, tiling_extents)
 
 
 # device.model.register_load_share (the spec's model: section; docs/cost-constants.md): Share of the L1's calibrated
@@ -199,41 +199,34 @@ def accumulator_level_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], dev
     return max(1.0, caches[0].bandwidth_gbps / unit_bandwidth(level, device.units.count))
 
 
-def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
-             vector_axis: str | None = None, padded: tuple[str, ...] | None = None,
-             inlined: tuple[str, ...] = (), constants: frozenset[str] = frozenset()) -> Estimate:
-    """Predicts the run time of the plan whose tile at private level i is ``tiles[i]``, that vectorizes
-    ``vector_axis`` (default: the first candidate) and pads the overhanging axes when ``padded`` (default:
-    the last of ``roller.plan.tails.tail_options``), else predicates them. Beyond the paper's terms it charges what
-    the generated code does: whole vectors (padded flops), copies (padding, the crop, transposed packs;
-    ``tails.copy_bytes``) as traffic through the top level, and a predicated vector tail's partial vector
-    (``tails.tail_compute_factor``).
-    ``inlined`` names the padding stages the plan inlines: no copy, a bounds check per load instead.
-    ``constants`` names inputs that are constants at every call: they arrive packed in the plan's tiles
-    (``roller.plan.prepack.prepackable``) and cost no copy."""
+def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
+    """Predicts the run time of ``program`` on ``device``: the plan whose tile at private level i is
+    ``program.tiles[i]``. ``expr`` (first: the plan does not carry the operator it tiles) is the Expr the plan
+    was constructed for. The model charges what the plan says and decides none of it (``roller.plan.choices``
+    does, for construction): its vector axis, padded and predicated axes, packed, prepacked and inlined
+    inputs, register transposes and balancing. Beyond the paper's terms it charges what the generated code
+    does: whole vectors (padded flops), copies (padding, the crop, transposed packs; ``tails.copy_bytes``) as
+    traffic through the top level, a predicated vector tail's partial vector (``tails.tail_compute_factor``),
+    a bounds check per load of an inlined padding stage, no copy for inputs that arrive packed, and the wait
+    for the slowest unit, shorter where the plan balances its grid (``residency.imbalance_seconds``)."""
+    tiles = [dict(t) for t in program.tiles]
+    vector_axis, padded, inlined = program.vector_axis, program.padded, program.inlined
+    predicated, packed, prepacked = program.predicated, program.packed, program.prepacked
     levels = device.private_levels
     if len(tiles) != len(levels):
         raise ValueError(f"expected {len(levels)} tiles (one per private level), got {len(tiles)}")
-    if vector_axis is None:
-        vector_axis = default_vector_axis(expr)
     expr = layout_expr(expr, vector_axis)  # inputs the plan packs transposed, as the kernel reads them
     total, spatial = tile_counts(expr, tiles[-1])
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis, accumulation_chain(expr, tiles, vector_axis, lanes))
-    if padded is None:
-        # everything padded where every overhanging axis can be, else nothing
-        padded = next((p for p, rest in tail_options(expr, tiles, vector_axis, lanes) if not rest), ())
-    predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)
     if serial_tail(expr, tiles, vector_axis, lanes, predicated):
         waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
                    * tail_compute_factor(expr, tiles, vector_axis, lanes, predicated) / (rate * 1e9)
                    + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
-    packed, _ = packing(expr, list(tiles), device, vector_axis)
-    prepacked = prepackable(expr, tiles, vector_axis, lanes, padded, constants) if constants else ()
     root_copies = root_copy_bytes(expr, padded, packed, prepacked)
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked) - root_copies
     mem, traf = {}, {}
@@ -264,7 +257,7 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
              + untracked_stream_seconds(expr, tiles[-1], device, staged, tiles[-2] if len(tiles) > 1 else None)
              * total / spatial
-             + transpose_seconds(expr, tiles[-1], device, prepacked) * total / spatial
+             + transpose_seconds(expr, tiles[-1], device, prepacked, program.register_transposes) * total / spatial
              + replicate_seconds(expr, tiles[-1], device) * total / spatial
              + stage_copy_seconds(expr, tiles[-1], device, [n for n in copied if n not in packed]) * total / spatial
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
@@ -277,8 +270,16 @@ def estimate(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         # a parallel loop of its own before the kernel's, not under its compute: the prime matmul 127 x 251
         # x 509 padded along m (A copied whole) ranked first, and the plan predicating m ran 1.11-1.34x faster
         seconds += root_copies / (source_bandwidth(expr, device) * 1e9) + launch_seconds(device, device.units.count)
-    if units > 1:
-        seconds += imbalance_seconds(expr, seconds, worst, waves, device)
-    return Estimate(seconds=seconds, compute_seconds=compute_all / units,
-                    memory_seconds=mem, traffic_bytes=traf, footprint_bytes=foot, tiles=spatial, units=units,
-                    waves=waves)
+    est = Estimate(seconds=seconds, compute_seconds=compute_all / units, memory_seconds=mem, traffic_bytes=traf,
+                   footprint_bytes=foot, tiles=spatial, units=units, waves=waves, base_seconds=seconds,
+                   tile_seconds=worst)
+    return rebalanced(expr, est, device, program.balanced)
+
+
+def rebalanced(expr: Expr, est: Estimate, device: Device, balanced: bool) -> Estimate:
+    """``est`` with the wait for the slowest unit charged as a plan that does (``balanced``) or does not
+    balance its grid waits (``residency.imbalance_seconds``): the model's one charge for it."""
+    import dataclasses
+
+    extra = imbalance_seconds(expr, est.tile_seconds, est.waves, device, balanced) if est.units > 1 else 0.0
+    return dataclasses.replace(est, seconds=est.base_seconds + extra)

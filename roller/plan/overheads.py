@@ -80,10 +80,11 @@ def false_sharing_seconds(expr: Expr, top: Mapping[str, int], device: Device, un
 # not under it.
 
 
-def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepacked: tuple[str, ...] = ()) -> float:
+def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepacked: tuple[str, ...] = (),
+                      in_registers: tuple[str, ...] = ()) -> float:
     """Seconds the transposed packs of one top tile (one step of its reduction) take, serial with its
-    compute (none for inputs that arrive packed)."""
-    scattered, shuffled = transposed_elements(expr, top, compute_lanes(expr, device), prepacked)
+    compute (none for inputs that arrive packed; ``in_registers``: the plan's ``register_transposes``)."""
+    scattered, shuffled = transposed_elements(expr, top, in_registers, prepacked)
     return (scattered * device.model.transpose_cycles + shuffled * device.model.register_transpose_cycles) * cycle_seconds(device)
 
 

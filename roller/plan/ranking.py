@@ -17,6 +17,8 @@ class Estimate:
     tiles: int = 1
     units: int = 1
     waves: int = 1
+    base_seconds: float = 0.0  # seconds before the wait for the slowest unit (residency.imbalance_seconds)
+    tile_seconds: float = 0.0  # one top tile's time (the slowest of compute and each level's memory, overheads)
 
 
 TIE = 1.02  # predictions closer than this ratio are a tie: the model is not that precise

@@ -40,19 +40,19 @@ def balances(expr: Expr, seconds: float, device: Device) -> bool:
     return seconds >= device.model.balance_min_seconds and not memory_bound(expr, device)
 
 
-def imbalance_seconds(expr: Expr, seconds: float, tile_seconds: float, waves: int, device: Device) -> float:
+def imbalance_seconds(expr: Expr, tile_seconds: float, waves: int, device: Device, balanced: bool) -> float:
     """Seconds a compute-bound kernel waits for its slowest unit (``units.speed_spread``): a fixed split
-    waits for that unit's whole share, ``waves`` top tiles; a balanced grid (``balances``) for about one
-    tile, the others stealing the rest of its share. Measured (2 threads, one process, 15 alternated
-    rounds): a 3x3 conv on 56x56x64 in 14 top tiles ran 1005 us with the fixed split and 914 balanced; in
-    2 top tiles, one a core, 1051 and 1023 (the first plan, which the model ranked above the 14-tile one).
-    Memory-bound kernels are not charged: a core slowed by a co-tenant on its host core loses issue
-    slots, not its share of the bandwidth (not measured; they keep the fixed split either way, so the
-    charge would only scale every plan of theirs alike)."""
+    waits for that unit's whole share, ``waves`` top tiles; a balanced grid (the plan's ``balanced``, decided
+    by ``choices.balanced_grid`` from ``balances``) for about one tile, the others stealing the rest of its
+    share. Measured (2 threads, one process, 15 alternated rounds): a 3x3 conv on 56x56x64 in 14 top tiles
+    ran 1005 us with the fixed split and 914 balanced; in 2 top tiles, one a core, 1051 and 1023 (the first
+    plan, which the model ranked above the 14-tile one). Memory-bound kernels are not charged: a core slowed
+    by a co-tenant on its host core loses issue slots, not its share of the bandwidth (not measured; they
+    keep the fixed split either way, so the charge would only scale every plan of theirs alike)."""
     spread = device.units.speed_spread
     if not spread:
         return 0.0
-    if balances(expr, seconds, device):  # compute-bound, so charged (one memory_bound test on this path)
+    if balanced:
         return spread * tile_seconds
     return 0.0 if memory_bound(expr, device) else spread * tile_seconds * waves
 

@@ -37,6 +37,11 @@ class RProgram:
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
     inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
     prepacked: tuple[str, ...] = ()   # constant inputs stored in the plan's tiles (roller.plan.prepack): no copy
+    # code generation's choices (roller.plan.choices decides them; codegen executes them or raises)
+    balanced: bool = False            # the parallel grid is load-balanced (each unit steals when done)
+    prefetched: tuple[str, ...] = ()  # prepacked inputs whose next top tile is software-prefetched
+    register_transposes: tuple[str, ...] = ()  # transposed packs copied in lanes x lanes register blocks
+    held_grid: str | None = None      # spatial axis whose grid loop is held out of the fused parallel loop
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
@@ -57,10 +62,12 @@ class RProgram:
     @property
     def key(self) -> tuple:
         """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
-        inlined padding stages, prepacked inputs) and a GPU plan's choices (``GpuPlan.key``)."""
+        inlined padding stages, prepacked inputs), code generation's choices (balancing, prefetches, register
+        transposes, the held grid loop) and a GPU plan's choices (``GpuPlan.key``)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
-                tuple(sorted(self.layouts.items())), self.inlined, self.prepacked) + \
+                tuple(sorted(self.layouts.items())), self.inlined, self.prepacked,
+                self.balanced, self.prefetched, self.register_transposes, self.held_grid) + \
             (() if self.gpu is None else (self.gpu.key,))
 
     def problem(self, axes: list[str]) -> str | None:
@@ -87,6 +94,8 @@ class RProgram:
             "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
             "layouts": {k: list(v) for k, v in self.layouts.items()}, "inlined": list(self.inlined),
             "prepacked": list(self.prepacked),
+            "balanced": self.balanced, "prefetched": list(self.prefetched),
+            "register_transposes": list(self.register_transposes), "held_grid": self.held_grid,
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
@@ -106,6 +115,8 @@ class RProgram:
             partial_sums=bool(d.get("partial_sums", False)),
             layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()}, inlined=tuple(d.get("inlined", ())),
             prepacked=tuple(d.get("prepacked", ())),
+            balanced=bool(d.get("balanced", False)), prefetched=tuple(d.get("prefetched", ())),
+            register_transposes=tuple(d.get("register_transposes", ())), held_grid=d.get("held_grid"),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),

@@ -331,24 +331,39 @@ def copy_bytes(expr: Expr, top: Mapping[str, int], padded: tuple[str, ...], pack
     return total
 
 
-def transposed_elements(expr: Expr, top: Mapping[str, int], lanes: int,
-                        prepacked: tuple[str, ...] = ()) -> tuple[int, int]:
-    """Elements one top tile copies into transposed packs (inputs the plan stores in another layout and
-    that do not arrive packed): (scattered, in registers). A pack goes in registers (``codegen.transpose``)
-    where it splits into whole ``lanes x lanes`` blocks: its run in the new layout and the source's
-    contiguous run both whole vectors, in tiles that divide the tensor (an overhanging tile's copy is
-    predicated, and scattered)."""
-    scattered = shuffled = 0
+def register_transposes(expr: Expr, top: Mapping[str, int], lanes: int,
+                        prepacked: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The transposed packs (inputs the plan stores in another layout and that do not arrive packed) that
+    code generation copies in ``lanes x lanes`` register blocks (``targets/cpu/transpose.py``): the one rule,
+    for construction (``RProgram.register_transposes``) and the model alike. A pack goes in registers where
+    it splits into whole blocks: its run in the new layout and the source's contiguous run both whole
+    vectors, in tiles that divide the tensor (an overhanging tile's copy is predicated, and scattered)."""
+    out = []
+    if lanes < 2 or lanes & (lanes - 1):
+        return ()
     for t in expr.inputs:
         if not t.packed_order or t.name in prepacked:
             continue
         region = t.region(top)
         dims = (len(region) - 1, t.packed_order.index(len(region) - 1))  # the new run, the source's run
-        whole = all(region[d] % lanes == 0 and t.shape[d] % region[d] == 0 for d in dims)
-        if whole and lanes > 1 and lanes & (lanes - 1) == 0:
-            shuffled += math.prod(region)
+        if all(region[d] % lanes == 0 and t.shape[d] % region[d] == 0 for d in dims):
+            out.append(t.name)
+    return tuple(out)
+
+
+def transposed_elements(expr: Expr, top: Mapping[str, int], in_registers: tuple[str, ...],
+                        prepacked: tuple[str, ...] = ()) -> tuple[int, int]:
+    """Elements one top tile copies into transposed packs (inputs the plan stores in another layout and
+    that do not arrive packed): (scattered, in registers), the packs in ``in_registers`` (the plan's
+    ``register_transposes``) going in registers."""
+    scattered = shuffled = 0
+    for t in expr.inputs:
+        if not t.packed_order or t.name in prepacked:
+            continue
+        if t.name in in_registers:
+            shuffled += math.prod(t.region(top))
         else:
-            scattered += math.prod(region)
+            scattered += math.prod(t.region(top))
     return scattered, shuffled
 
 

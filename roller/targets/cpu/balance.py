@@ -24,17 +24,16 @@ when the kernel loads)::
                     body(g)
                     if g + 1 == end: take()
 
-A take costs tens of nanoseconds, so kernels predicted shorter than ``model.BALANCE_MIN_SECONDS`` keep the fixed
-split, and so do memory-bound operators (:func:`worth_balancing`, the policy's ``model.balances``, which
-the model also uses to charge a plan its wait for the slowest core), whose time is their data's: a core
-stealing another's tiles reads that core's part from its L2 or from L3, not its own.
+A take costs tens of nanoseconds, so kernels predicted shorter than ``model.balance_min_seconds`` keep the
+fixed split, and so do memory-bound operators, whose time is their data's: a core stealing another's tiles
+reads that core's part from its L2 or from L3, not its own. The plan decides (``RProgram.balanced``, from
+``roller.plan.choices.balanced_grid``), and the model charges its wait for the slowest core by the same field.
 """
 from __future__ import annotations
 
 from roller.tir.schedutil import PARTITION_HINT
 
 OWN_SHARE = 4       # a core claims a quarter of what is left of its own share at a time (at least one tile)
-ENABLED = True       # False: TVM's fixed split everywhere (for A/B timing: scripts/bench_models.py --ab-balance)
 
 
 def _take(state, mine, pick, task, units: int, extent: int):
@@ -80,17 +79,6 @@ def _take(state, mine, pick, task, units: int, extent: int):
         tir.IfThenElse(tir.LT(load(state, lo), load(state, hi)), own, steal),
         tir.Evaluate(tir.call_extern("int32", "pthread_spin_unlock", address)),
     ])
-
-
-def worth_balancing(expr, program, device) -> bool:
-    """Whether ``program``'s kernel balances its grid (``model.balances``: compute-bound and predicted to
-    run at least ``model.BALANCE_MIN_SECONDS``)."""
-    from roller.plan.cost import balances
-
-    # False for NaN too (a plan the model did not time). The prediction includes the model's charge for the
-    # wait on the slowest core, which the model's own test leaves out: they differ within that charge of
-    # BALANCE_MIN_SECONDS only.
-    return ENABLED and balances(expr, program.predicted_seconds, device)
 
 
 def balance_grid(func, units: int):

@@ -13,12 +13,13 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
     Where the plan pads (``program.padded``), the main block is first padded to whole tiles
     (``padding.pad_to_tiles``): the schedule then computes zero-padded copies of the inputs and crops
     the output instead of predicating the inner loops. Each core walks its own share of the parallel grid and
-    steals from the others' when done (``balance.balance_grid``) where the plan is compute-bound and
-    predicted to run long enough for it to pay (``balance.worth_balancing``). Optional steps that did not apply are appended
-    to ``notes``.
+    steals from the others' when done (``balance.balance_grid``) where the plan says so (``program.balanced``).
+    Optional steps that did not apply are appended to ``notes``; a choice of the plan the code cannot follow
+    raises BuildError (or TVM's ScheduleError).
     """
     from roller.plan.rtile import compute_lanes
-    from roller.targets.cpu.balance import balance_grid, worth_balancing
+    from roller.errors import BuildError
+    from roller.targets.cpu.balance import balance_grid
     from roller.targets.cpu.schedule import schedule_cpu
     from roller.targets.cpu.padding import pad_to_tiles
     from roller.tir.tirtree import with_main
@@ -28,6 +29,11 @@ def schedule(func, expr: Expr, program: RProgram, device: Device, notes: list[st
         padded = pad_to_tiles(func, expr, program, compute_lanes(expr, device))
         func, expr, program, root = padded.func, padded.expr, padded.program, padded.root_copies
     sch = schedule_cpu(func, expr, program, device, root, notes)
-    if not worth_balancing(expr, program, device):
+    if not program.balanced:
         return sch
-    return with_main(sch, balance_grid(sch.mod["main"], device.units.count))
+    func = sch.mod["main"]
+    balanced = balance_grid(func, device.units.count)
+    if balanced.same_as(func):
+        raise BuildError(f"{expr.name}: the plan balances its parallel grid, but the kernel has no parallel loop of "
+                         f"more than {device.units.count} iterations without a partition hint to balance")
+    return with_main(sch, balanced)

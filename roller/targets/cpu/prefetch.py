@@ -18,34 +18,38 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from roller.errors import BuildError
+from roller.plan.choices import MIN_BLOCK_BYTES, MIN_CARRIER_POINTS
 from roller.tir.tirtree import is_const, path_to, rebuilt, substitution, with_main
 
-LINE_BYTES = 64      # a cache line
 LOCALITY = 2         # llvm.prefetch locality 2: prefetcht1, into L2 (a top tile's block outgrows L1)
 MAX_LINES_PER_ITERATION = 4  # lines prefetched an iteration of the loop that carries them, where loops allow
-MIN_BLOCK_BYTES = 4096       # smaller blocks (a bias) stream within a page; the prefetchers keep up
-MIN_CARRIER_POINTS = 4096    # block iterations (points, lanes counted) an iteration of a carrying loop runs, at least
-ENABLED = True               # False: no prefetches (for A/B timing: scripts/prepack_ab.py --prefetch)
 
 
-def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loops: int, notes: list[str]):
+def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loops: int, line_bytes: int):
     """``sch`` with prefetches of the next top tile's block of each prepacked input in ``blocks`` (name ->
-    elements in one top tile's block) that the block ``block_name`` reads, or ``sch`` itself when there
-    is nothing to prefetch (no parallel grid loop, blocks below MIN_BLOCK_BYTES). A top tile is one
-    iteration of the parallel grid loop and of the ``top_loops`` loops right below it (the top tile's
-    reduction chunks)."""
+    elements in one top tile's block: those the plan prefetches, ``RProgram.prefetched``, decided by
+    ``roller.plan.choices.prefetched_inputs``) that the block ``block_name`` reads, ``line_bytes`` apart (the
+    level's transaction length); ``sch`` itself when ``blocks`` is empty. A top tile is one iteration of the
+    parallel grid loop and of the ``top_loops`` loops right below it (the top tile's reduction chunks).
+    Raises BuildError where a prefetch the plan asks for cannot go in (no parallel grid loop, a block the
+    main block does not read, read once, or no loop to carry it)."""
     import tvm
 
-    if not ENABLED or not blocks:
+    if not blocks:
         return sch
+    names = sorted(blocks)
+
+    def cannot(why: str):
+        return BuildError(f"{block_name}: the plan prefetches {names}, but {why}")
     func = sch.mod["main"]
     path = path_to(func.body, lambda s: isinstance(s, tvm.s_tir.SBlockRealize) and s.block.name_hint == block_name)
     if path is None:
-        return sch
+        raise cannot("the scheduled function has no such block")
     par = next((i for i, s in enumerate(path) if isinstance(s, tvm.tirx.For)
                 and s.kind == tvm.tirx.ForKind.PARALLEL), None)
     if par is None:
-        return sch
+        raise cannot("it has no parallel grid loop")
     realize = path[-1]
     loops = [s for s in path[par + 1:] if isinstance(s, tvm.tirx.For)]
     serial = []
@@ -54,29 +58,28 @@ def prefetch_prepacked(sch, block_name: str, blocks: Mapping[str, int], top_loop
             break
         serial.append(lp)
     if len(serial) < top_loops:
-        return sch
+        raise cannot(f"only {len(serial)} serial loops lie below the grid loop, not the top tile's {top_loops}")
     units, inner = [path[par]] + serial[:top_loops], serial[top_loops:]
     stmts = []
     for name, elems in blocks.items():
         region = next((r for r in realize.block.reads if str(r.source.name) == name), None)
-        if region is not None:
-            stmt = _prefetch_stmt(realize, region, elems, loops, units, inner)
-            if stmt is not None:
-                stmts.append(stmt)
-    if not stmts:
-        return sch
+        if region is None:
+            raise cannot(f"the block does not read {name}")
+        stmt = _prefetch_stmt(realize, region, elems, loops, units, inner, line_bytes)
+        if stmt is None:
+            raise cannot(f"{name}'s block is small, read once by a top tile, or no loop can carry its prefetches")
+        stmts.append(stmt)
     carrier = stmts[0][0]
     body = tvm.tirx.SeqStmt([s for c, s in stmts if c.same_as(carrier)] + [carrier.body])
     new = rebuilt(path, next(i for i, x in enumerate(path) if x.same_as(carrier)),
                   tvm.tirx.For(carrier.loop_var, carrier.min, carrier.extent, carrier.kind, body,
                                carrier.thread_binding, carrier.annotations, carrier.step, carrier.span))
     if new is None:
-        notes.append("prefetch of the prepacked inputs not inserted: unexpected statement on the loop path")
-        return sch
+        raise cannot("an unexpected statement lies on the loop path")
     return with_main(sch, func.with_body(new))
 
 
-def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
+def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner, line_bytes: int):
     """(loop that carries it, statement): prefetches of the block of the input read through ``region``
     that the next top tile (the next iteration of the ``units`` loops, the grid loop first) reads,
     spread over the iterations of the ``inner`` loops. None when the block is small, read once, or no
@@ -130,7 +133,7 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
     carriers = [lp for lp in walked[:-1] if points(lp) >= MIN_CARRIER_POINTS]
     if not carriers:
         return None
-    lines = math.ceil(block_elems * elem / LINE_BYTES)
+    lines = math.ceil(block_elems * elem / line_bytes)
     depth, iters = 0, 1
     while depth < len(carriers) and iters * MAX_LINES_PER_ITERATION < lines:
         iters *= int(carriers[depth].extent)
@@ -161,7 +164,7 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner):
     # the input as one flat row over the same memory: an address is the next block's start plus a line
     flat_view = tirx.decl_buffer((total,), buf.dtype, name=f"{buf.name}_flat", data=buf.data)
     q = tirx.Var("q", "int64")
-    at_line = simplify(tirx.min(nxt + (start + q) * (LINE_BYTES // elem), tirx.const(total - 1, "int64")))
+    at_line = simplify(tirx.min(nxt + (start + q) * max(1, line_bytes // elem), tirx.const(total - 1, "int64")))
     call = tirx.call_llvm_intrin("void", "llvm.prefetch.p0",
                                  tirx.address_of(tirx.BufferLoad(flat_view, [at_line])), 0, LOCALITY, 1)
     one = tirx.IfThenElse(simplify(start + q < end), tirx.Evaluate(call), None)

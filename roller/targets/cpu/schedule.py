@@ -129,11 +129,15 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         return [lp for lp in loops if lp is not None]
 
     sgrid, rgrid = present([a.grid for a in spatial]), present([a.grid for a in reduce])
-    # A predicated vector axis keeps its grid loop out of the fused parallel loop: lowering can split the
-    # overhanging last tile off a loop of its own, not off a fused one (div/mod), and a bound left on the
-    # vector loop makes TVM emit it scalar (depthwise 5x5 over 42 channels ran 19x below its model).
-    held = (vec.grid if vec is not None and vec.name in program.predicated and vec.grid is not None
-            and len(sgrid) > 1 else None)
+    # The plan's held grid loop (RProgram.held_grid, roller.plan.choices.held_grid): a predicated vector
+    # axis's grid loop kept out of the fused parallel loop, so lowering can split its overhanging last tile off.
+    held = None
+    if program.held_grid is not None:
+        if (vec is None or vec.name != program.held_grid or vec.name not in program.predicated or vec.grid is None
+                or len(sgrid) < 2):
+            raise BuildError(f"{expr.name}: the plan holds the grid loop of {program.held_grid} out of the parallel "
+                             f"grid, but it is no predicated vector axis with a grid loop beside another's")
+        held = vec.grid
     sgrid = [g for g in sgrid if g is not held]
     # the spatial axis whose grid loop is the whole parallel grid (not fused with another's), if one is
     solo = next((a.name for a in spatial if len(sgrid) == 1 and a.grid is sgrid[0]), None)
@@ -160,12 +164,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     order = ([grid] if grid is not None else []) + order[len(sgrid):]
 
     wb = None  # after rfactor: the write-back block, the cross-lane sum of the vector partial sums
-    rf = _try_rfactor(sch, lane, len(expr.output.shape)) if lane is not None else None
-    if lane is not None and rf is None:
-        # the reducer is not one rfactor knows: the lanes stay a scalar reduce loop (correct, unrolled)
-        notes.append("rfactor did not apply: the reduction runs scalar")
-        sch.unroll(lane)
-        lane = None
+    rf = _rfactor(sch, lane, len(expr.output.shape), expr.name) if lane is not None else None
     if rf is not None:
         # rfactor rebuilds the loop nest (reduce LoopRVs go stale): find every loop again by position
         pos = {id(lp): i for i, lp in enumerate(order)}
@@ -202,7 +201,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             sch.reverse_compute_at(wb, acc_at)
             writer = sch.cache_write(wb, 0, ACCUMULATOR_SCOPE)
             for c in consumers:
-                _try(None, 'inline', sch.reverse_compute_inline, c)
+                _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
             sch.reverse_compute_at(writer, acc_at)
             _vectorize_inner(sch, writer, lanes, notes)
         else:
@@ -211,13 +210,13 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         if acc_at is not None:
             writer = sch.cache_write(block, 0, ACCUMULATOR_SCOPE)
             for c in consumers:  # fold elementwise epilogues into the write-back
-                _try(None, 'inline', sch.reverse_compute_inline, c)
+                _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
             sch.reverse_compute_at(writer, acc_at)
             _vectorize_inner(sch, writer, lanes, notes)
     else:
         for c in consumers:
-            _try(None, 'inline', sch.reverse_compute_inline, c)
-    # epilogues that could not be inlined run per top tile, or at root
+            _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
+    # epilogues that could not be inlined (a padded plan's crop) run per top tile, or at root (a note says so)
     for c in sch.get_consumers(writer):
         if grid is None or not _try(notes, f"{sch.get(c).name_hint} per top tile", sch.reverse_compute_at, c, grid):
             _parallel_root(sch, c, lanes, notes)
@@ -244,19 +243,23 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # a stage of the function behind this copy (a convolution's zero padding behind its padded,
             # re-indexed window) is folded into the copy, or else runs at root over the cores: left as
             # it was, it ran serial and scalar (nas 3x3 conv on 42x42x84: a 44x44x84 copy, one core)
-            if not _try(None, "inline", sch.compute_inline, stage):
+            if not _try(notes, f"inlining {sch.get(stage).name_hint} into the copy of {t.name}", sch.compute_inline,
+                        stage):
                 _parallel_root(sch, stage, lanes, notes)
         if layout:
             _transpose(sch, producer, layout)
+        in_regs = t.name in program.register_transposes
         if t.name in root_copies or pack_at is None:
-            _parallel_root(sch, producer, lanes, notes, layout)
+            _parallel_root(sch, producer, lanes, notes, layout, in_regs)
         elif not _try(notes, f"compute_at of {sch.get(producer).name_hint} per top tile", sch.compute_at,
                       producer, pack_at):
-            _parallel_root(sch, producer, lanes, notes, layout)
+            _parallel_root(sch, producer, lanes, notes, layout, in_regs)
         else:
             _storage_pad(sch, producer, pad_of.get(t.name, 0))
-            if not layout or not _block_transpose(sch, producer, layout, lanes):
+            if not layout or not _block_transpose(sch, producer, layout, lanes, in_regs):
                 _vectorize_inner(sch, producer, lanes, notes)
+        if in_regs and not layout:
+            raise BuildError(f"{expr.name}: the plan transposes {t.name} in registers, but does not pack it transposed")
 
     # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
     # is asked to split the last, overhanging iterations of each such axis off the others.
@@ -323,8 +326,11 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if program.prepacked:
         layouts = _read_prepacked(sch, block, expr, program, device)
         blocks = {n: layout.block_elements() for n, layout in layouts.items()}
+        blocks = {n: e for n, e in blocks.items() if n in program.prefetched}
         sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
-                                 notes)
+                                 device.private_levels[-1].transaction_bytes)
+    elif program.prefetched:
+        raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)}, which it does not prepack")
     return with_main(sch, in_registers(sch.mod["main"]))
 
 
@@ -388,15 +394,17 @@ def _read_prepacked(sch, block, expr: Expr, program: RProgram, device: Device) -
     return layouts
 
 
-def _try_rfactor(sch, lane, factor_axis: int):
-    """rfactor on the lane loop (lanes last in the rf buffer, so a vector is contiguous); None if TVM
-    says the block's reducer does not allow it (the schedule is then unchanged)."""
+def _rfactor(sch, lane, factor_axis: int, name: str):
+    """rfactor on the lane loop (lanes last in the rf buffer, so a vector is contiguous). The plan keeps
+    partial sums (``RProgram.partial_sums``): where TVM says the block's reducer does not allow it, a
+    BuildError says so (the plan is not what the code would be)."""
     from tvm.s_tir.schedule.schedule import ScheduleError
 
     try:
         return sch.rfactor(lane, factor_axis=factor_axis)
-    except ScheduleError:
-        return None
+    except ScheduleError as e:
+        raise BuildError(f"{name}: the plan keeps vector partial sums, but rfactor does not apply to its "
+                         f"reduction: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}") from e
 
 
 def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
@@ -424,10 +432,11 @@ def _vectorize_inner(sch, block, lanes: int, notes: list[str]) -> None:
         _try(notes, f"vectorize {sch.get(block).name_hint}", sch.vectorize, inner)
 
 
-def _parallel_root(sch, block, lanes: int, notes: list[str], layout: tuple[int, ...] = ()) -> None:
+def _parallel_root(sch, block, lanes: int, notes: list[str], layout: tuple[int, ...] = (),
+                   in_registers: bool = False) -> None:
     """A stage left at root: its outermost loop runs over the cores, its innermost is vectorized (a
     transposed copy is blocked instead, see _block_transpose)."""
-    blocked = bool(layout) and _block_transpose(sch, block, layout, lanes)
+    blocked = bool(layout) and _block_transpose(sch, block, layout, lanes, in_registers)
     loops = sch.get_loops(block)
     if loops and int(sch.get(loops[0]).extent) > 1:
         _try(notes, f"parallel {sch.get(block).name_hint}", sch.parallel, loops[0])
@@ -435,7 +444,7 @@ def _parallel_root(sch, block, lanes: int, notes: list[str], layout: tuple[int, 
         _vectorize_inner(sch, block, lanes, notes)
 
 
-def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
+def _block_transpose(sch, block, order: tuple[int, ...], lanes: int, in_registers: bool = False) -> bool:
     """Blocks a transposed copy (its loops in the new layout's order, see _transpose) so that it reads
     its source in runs of ``lanes`` contiguous elements: the loop over the source's contiguous dimension
     is split and its inner part goes innermost. Left in the new layout's order, the copy reads one element
@@ -444,14 +453,22 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
     vectors the copy goes in lanes x lanes blocks: a run of every source row of the tile at a time kept
     hundreds of rows in flight (BERT fc1 in the [N, K] layout, 192-row tiles of B, one thread: 8.45 ms,
     5.69 in 16 x 16 blocks; with 64-row tiles 5.95 -> 5.48). Returns whether it did (False: the copy keeps
-    fewer loops of its own than dimensions, e.g. rows of one element)."""
+    fewer loops of its own than dimensions, e.g. rows of one element). The square blocks go in registers where
+    the plan says so (``in_registers``: ``RProgram.register_transposes``), and a BuildError says why where
+    they cannot."""
+    name = sch.get(block).name_hint
+
+    def cannot(why: str):
+        if in_registers:
+            raise BuildError(f"the plan transposes the copy {name} in registers, but {why}")
+        return False
     loops = sch.get_loops(block)
     own = [lp for lp in loops if len(sch.get_child_blocks(lp)) == 1][-len(order):]
     if len(own) < len(order):
-        return False
+        return cannot("it has fewer loops of its own than dimensions")
     src_inner = own[order.index(len(order) - 1)]
     if src_inner is own[-1]:
-        return False  # not transposed in its last dimension: already reads contiguous runs
+        return cannot("it is not transposed in its last dimension")  # already reads contiguous runs
     n = _loop_extent(sch, src_inner)
     src_outer = None
     if n > lanes and n % lanes == 0:
@@ -460,12 +477,15 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int) -> bool:
     m = _loop_extent(sch, dst)
     if n % lanes == 0 and m >= lanes and m % lanes == 0:
         # square blocks: lanes source rows at a time, not every row of the tile; each transposed in
-        # registers (transpose.py; the model's tails.transposed_elements counts them apart)
+        # registers where the plan says so (transpose.py; tails.register_transposes, the model's rule too)
         dst_outer, dst = sch.split(dst, [None, lanes]) if m > lanes else (None, dst)
         sch.reorder(*[lp for lp in (dst_outer, src_outer) if lp is not None], dst, src_inner)
         sch.vectorize(src_inner)
-        register_transpose(sch, dst, lanes)
+        if in_registers:
+            register_transpose(sch, dst, lanes)
         return True
+    if in_registers:
+        cannot(f"its runs ({n} source, {m} new) are not whole {lanes}-lane vectors")
     sch.reorder(dst, src_inner)
     sch.vectorize(src_inner)
     return True

@@ -11,22 +11,25 @@ one thread of this machine's AVX-512: 11.5 ms scattered, 1.5 ms shuffled.
 
 The schedule primitives have no shuffle, so ``_block_transpose`` marks the block's outer loop
 (``mark``) and ``in_registers`` rewrites the marked loops of the scheduled function afterwards, in the
-same way as ``prefetch.py`` and ``balance.py``. A marked loop whose block is not a plain copy (a predicate,
-a cast, indices not affine with unit stride) is left as it was: the scattered form is correct, only slower.
+same way as ``prefetch.py`` and ``balance.py``. The plan says which packs go in registers
+(``RProgram.register_transposes``, the rule ``roller.plan.tails.register_transposes``); a marked loop whose
+block is not a plain copy (a predicate, a cast, indices not affine with unit stride) raises a BuildError:
+the plan said registers, the code would be scattered.
 """
 from __future__ import annotations
 
+from roller.errors import BuildError
 from roller.tir.tirtree import is_const, path_to, rebuilt
 
 ANNOTATION = "roller.register_transpose"  # on the block's outer loop: the block's side (lanes)
-ENABLED = True  # False: leave the scattered copies (A/B timing)
 
 
 def mark(sch, loop, lanes: int) -> None:
     """Marks ``loop`` (over the destination rows, right above the vectorized loop over the source's
     contiguous run, both ``lanes`` long) for ``in_registers``."""
-    if ENABLED and lanes >= 2 and lanes & (lanes - 1) == 0:
-        sch.annotate(loop, ANNOTATION, lanes)
+    if lanes < 2 or lanes & (lanes - 1):
+        raise BuildError(f"a register transpose needs a power-of-two number of lanes, not {lanes}")
+    sch.annotate(loop, ANNOTATION, lanes)
 
 
 def butterfly(rows: list, lanes: int, shuffle) -> list:
@@ -52,7 +55,7 @@ def butterfly(rows: list, lanes: int, shuffle) -> list:
 
 def in_registers(func):
     """``func`` (a scheduled PrimFunc) with each marked transposed block (see ``mark``) in registers, or
-    ``func`` itself when there is no marked loop. A marked loop it cannot rewrite loses its mark only."""
+    ``func`` itself when there is no marked loop. A marked loop it cannot rewrite raises a BuildError."""
     from tvm import tirx as tir
 
     body = func.body
@@ -63,8 +66,8 @@ def in_registers(func):
         loop = path[-1]
         node = _registers(loop, int(loop.annotations[ANNOTATION]))
         if node is None:
-            node = tir.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding,
-                           {k: v for k, v in loop.annotations.items() if k != ANNOTATION}, loop.step, loop.span)
+            raise BuildError("the plan transposes a pack in registers, but its block is not a plain copy of whole "
+                             "vectors (a predicate, a cast, or indices not contiguous along its loops)")
         body = rebuilt(path, len(path) - 1, node)
         if body is None:
             raise RuntimeError("transpose.in_registers: unexpected statement above a marked loop")
