@@ -493,6 +493,42 @@ def test_rules_keep_no_state_and_the_pass_reports_why_a_rule_declined(device):
     assert [vars(r) for r in rules] == before
 
 
+def test_shape_chains_are_folded_before_import(device):
+    """A channel split whose Slice bounds come from Shape -> Gather -> Div (PyTorch's chunk) failed to
+    legalize unfolded; folded by onnxruntime first it compiles, matches, and the report says so."""
+    from roller.models.relax_steps import legalize_and_fuse
+
+    model = onnx_models.chunk_shuffle()
+    specs = frontend.onnx_inputs(model)
+    with pytest.raises(AssertionError, match="ShapeExpr"):  # TVM's importer alone: the reason for the fold
+        legalize_and_fuse(frontend.import_onnx(model, specs), tvmutil.target_for(device), "NHWC", True)
+    cm = roller.compile_model(model, device)
+    assert cm.folded and "folded by onnxruntime" in cm.folded and "0 shape nodes left" in cm.folded
+    assert cm.to_dict()["graph_folded"] == cm.folded
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
+def test_graphs_without_shape_nodes_are_imported_as_they_are(cnn, device):
+    model, cm = cnn
+    assert cm.folded is None
+    assert frontend.fold_shapes(model, frontend.onnx_inputs(model)) == (model, None)
+
+
+def test_symbolic_input_is_folded_at_the_given_shape(device):
+    """fold_shapes sets the shapes being compiled for before folding: a Shape of a symbolic input folds."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folded, note = frontend.fold_shapes(model, {"x": ((3, 8), "float32")})
+    assert "0 shape nodes left" in note
+    assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+    cm = roller.compile_model(model, device, inputs={"x": (3, 8)})
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
 # ---------------------------------------------------------------------------------------------
 # roller compile: the command line
 
