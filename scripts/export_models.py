@@ -31,11 +31,14 @@ OPSET = 17
 
 VISION = ["resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "convnext_tiny", "vit_b_16", "swin_t"]
-TEXT = {  # name -> (config class, model class, the configuration's layer-count field)
-    "bert_base": ("BertConfig", "BertModel", "num_hidden_layers"),
-    "distilbert": ("DistilBertConfig", "DistilBertModel", "n_layers"),
-    "roberta_base": ("RobertaConfig", "RobertaModel", "num_hidden_layers"),
-    "gpt2": ("GPT2Config", "GPT2Model", "n_layer"),
+# name -> (config class, model class, the configuration's layer-count field, pass an all-ones attention mask):
+# GPT-2 without a mask looks for packed sequences in its position ids with torch.diff, which the
+# TorchScript exporter cannot write (aten::diff)
+TEXT = {
+    "bert_base": ("BertConfig", "BertModel", "num_hidden_layers", False),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", "n_layers", False),
+    "roberta_base": ("RobertaConfig", "RobertaModel", "num_hidden_layers", False),
+    "gpt2": ("GPT2Config", "GPT2Model", "n_layer", True),
 }
 MODELS = VISION + list(TEXT)
 
@@ -84,7 +87,7 @@ def _vision(name: str):
 def _text(name: str, layers: int):
     torch = _import_torch()
     tf = _import_transformers()
-    config_cls, model_cls, layer_field = TEXT[name]
+    config_cls, model_cls, layer_field, mask = TEXT[name]
     config = getattr(tf, config_cls)()
     setattr(config, layer_field, layers)
     config.use_cache = False
@@ -102,7 +105,8 @@ def _text(name: str, layers: int):
             self.inner = inner
 
         def forward(self, input_ids):
-            return self.inner(input_ids=input_ids, return_dict=True).last_hidden_state
+            extra = {"attention_mask": torch.ones_like(input_ids)} if mask else {}
+            return self.inner(input_ids=input_ids, return_dict=True, **extra).last_hidden_state
 
     ids = torch.randint(0, config.vocab_size, (1, SEQ), dtype=torch.int64)
     return LastHidden(model), (ids,), ["input_ids"]
@@ -116,6 +120,10 @@ def export(name: str, out: Path, layers: int) -> Path:
     if hasattr(torch.backends, "mha"):
         torch.backends.mha.set_fastpath_enabled(False)
     model, args, inputs = _vision(name) if name in VISION else _text(name, layers)
+    with torch.no_grad():  # a weight its initializer leaves all zeros (ViT's classifier head) would make the
+        for p in model.parameters():  # output a constant and any comparison of outputs vacuous
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
     path = out / f"{name}.onnx"
     with torch.no_grad():
         torch.onnx.export(model, args, str(path), input_names=inputs, output_names=["y"], opset_version=OPSET,

@@ -600,6 +600,35 @@ def test_cli_bad_input_one_line(what, tmp_path, capsys):
     assert expected in lines[0] and "Traceback" not in err
 
 
+def test_cli_importer_failure_is_one_line_naming_the_node(tmp_path, capsys):
+    """A graph TVM's importer raises on (not an OpError): one line naming the ONNX node, nothing on stdout."""
+    bad = tmp_path / "matmul.onnx"
+    # a 1x8 input times a 5x3 weight: the shapes disagree, which TVM's MatMul converter raises on
+    onnx.save(_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], {"x": (1, 8)}, (1, 3),
+                     inits=[("w", np.ones((5, 3)))]), str(bad))
+    rc = cli.main(["compile", str(bad), "--no-profile", "--json"])
+    out, err = capsys.readouterr()
+    assert rc != 0 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("roller: error: TVM's ONNX importer failed at ONNX node "
+                                                   "MatMul 'proj'"), err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_cli_legalization_failure_is_one_line_naming_the_operator(tmp_path, capsys, monkeypatch):
+    """The channel split unfolded (as without onnxruntime's folding) fails in TVM's legalization of a
+    reshape: a ModelError naming it, not 'roller: internal error'."""
+    path = tmp_path / "shuffle.onnx"
+    onnx.save(onnx_models.chunk_shuffle(), str(path))
+    monkeypatch.setattr(frontend, "fold_shapes", lambda proto, inputs: (proto, None))
+    rc = cli.main(["compile", str(path), "--no-profile"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln]
+    assert rc != 0 and len(lines) == 1, err
+    assert lines[0].startswith("roller: error: legalizing and fusing the model") and "reshape" in lines[0], err
+    assert "internal error" not in err
+
+
 # ---------------------------------------------------------------------------------------------
 # Row-wise functions with several reductions (roller.plan.rows, roller.targets.cpu.rows)
 

@@ -246,11 +246,48 @@ def import_onnx(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
+    import contextlib
+    import io
+    import sys
+
+    printed = io.StringIO()  # the importer prints "Error converting operator ..." (to stdout: --json's) on failure
     try:
-        return from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
-                         dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+        with contextlib.redirect_stdout(printed):
+            mod = from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
+                            dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+        if printed.getvalue():
+            sys.stderr.write(printed.getvalue())
+        return mod
     except tvm.error.OpError as e:  # OpNotImplemented / OpAttributeInvalid...: one line naming the operator
         raise ModelError(f"unsupported by TVM's ONNX frontend: {str(e).strip().splitlines()[-1]}") from None
+    except Exception as e:  # any other failure of the importer: one line naming the node it was converting
+        raise phase_error("TVM's ONNX importer", e) from e
+
+
+def phase_error(phase: str, e: BaseException) -> ModelError:
+    """A ModelError of one line for an exception TVM raised in ``phase`` (importing, legalizing, building a
+    whole model): the ONNX node (operator and name) or the Relax operator being handled when it was raised,
+    found in the traceback's frames, and the exception's type and first line. std::bad_alloc from TVM's C++
+    comes as a MemoryError or a RuntimeError naming it."""
+    where = []
+    tb = e.__traceback__
+    while tb is not None:  # innermost last: the last match is the most precise
+        local = tb.tb_frame.f_locals
+        node, call = local.get("node"), local.get("call")
+        if hasattr(node, "op_type") and hasattr(node, "output"):
+            where.append(f"ONNX node {node.op_type} {node.name or node.output[0]!r}")
+        elif call is not None and hasattr(getattr(call, "op", None), "name"):
+            where.append(f"Relax operator {call.op.name}")
+        elif "legalize_ops" in tb.tb_frame.f_code.co_filename:  # frames rebuilt across TVM's C++: names only
+            code = tb.tb_frame.f_code
+            where.append(f"the legalization of a Relax operator ({Path(code.co_filename).stem}.{code.co_name})")
+        tb = tb.tb_next
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # TVM's C++ errors carry their own traceback first: the message is the last line
+    first = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+    at = f" at {where[-1]}" if where else ""
+    return ModelError(f"{phase} failed{at}: {type(e).__name__}: {first[:300]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +340,12 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
         mod = import_onnx(proto, specs)
     seconds["import"] = time.perf_counter() - t0
     t = time.perf_counter()
-    mod = legalize_and_fuse(mod, target, layout, fast_math)
+    try:
+        mod = legalize_and_fuse(mod, target, layout, fast_math)
+    except ModelError:
+        raise
+    except Exception as e:  # TVM's legalization or fusion: one line naming the operator, not a traceback
+        raise phase_error("legalizing and fusing the model (TVM's Relax passes)", e) from e
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
     # planned for where the weights live between calls (memory, where they outgrow the caches)
