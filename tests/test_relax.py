@@ -508,6 +508,23 @@ def test_shape_chains_are_folded_before_import(device):
     assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
 
 
+def test_scalar_constant_of_shape_is_folded(device):
+    """ConstantOfShape of an empty shape (a scalar: GPT-2's exported mask) fails in TVM's converter;
+    folded first, the model compiles and matches."""
+    shape = numpy_helper.from_array(np.zeros((0,), np.int64), "empty")
+    value = numpy_helper.from_array(np.array([2.5], np.float32), "value")
+    nodes = [helper.make_node("ConstantOfShape", ["empty"], ["c"], value=value),
+             helper.make_node("Mul", ["x", "c"], ["y"])]
+    model = _graph(nodes, {"x": (2, 8)}, (2, 8))
+    model.graph.initializer.append(shape)
+    specs = frontend.onnx_inputs(model)
+    with pytest.raises(roller.errors.ModelError, match="ConstantOfShape"):  # TVM's converter alone
+        frontend.import_onnx(model, specs)
+    cm = roller.compile_model(model, device)
+    assert "ConstantOfShape 1" in cm.folded
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
 def test_graphs_without_shape_nodes_are_imported_as_they_are(cnn, device):
     model, cm = cnn
     assert cm.folded is None

@@ -187,19 +187,21 @@ def _describe_input(i) -> str:
     return f"{i.name} ({'x'.join(dims) or 'scalar'})"
 
 
-# operators whose outputs are shapes: graphs exported from PyTorch compute reshape targets from them
-# (Shape -> Gather -> Unsqueeze -> Concat -> Reshape; channel shuffles, chunks, flattens)
-SHAPE_OPERATORS = frozenset({"Shape", "Size"})
+# operators that compute with shapes: graphs exported from PyTorch compute reshape targets and masks from
+# them (Shape -> Gather -> Unsqueeze -> Concat -> Reshape: channel shuffles, chunks, flattens;
+# ConstantOfShape of an empty shape, a scalar, which TVM's converter cannot make: GPT-2's attention mask)
+SHAPE_OPERATORS = frozenset({"Shape", "Size", "ConstantOfShape"})
 
 
 def fold_shapes(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
-    """``(proto, note)``: where the graph computes with shapes (a Shape or Size node), the graph with the
+    """``(proto, note)``: where the graph computes with shapes (a node of SHAPE_OPERATORS), the graph with the
     inputs' static shapes set and its constant subgraphs folded by onnxruntime's offline optimization at
     ORT_ENABLE_BASIC (constant folding and ONNX-only rewrites; no operator of onnxruntime's own), and a
     one-line note saying so; else ``(proto, None)`` unchanged. TVM's ONNX importer leaves some of those
     chains as tensors whose shape is not known at compile time, and legalizing the reshape that reads
     one then fails (``emit_te now only supports Tensor that has ShapeExpr shape``: torchvision's
-    ShuffleNet). Without onnxruntime, or where it cannot optimize the graph, the graph is imported as it
+    ShuffleNet); its ConstantOfShape converter fails on a scalar result (``broadcast_to expects the input
+    shape to have the number of ndim at least``: GPT-2 from transformers). Without onnxruntime, or where it cannot optimize the graph, the graph is imported as it
     is and the note says why."""
     counts: dict[str, int] = {}
     for n in proto.graph.node:
