@@ -184,6 +184,8 @@ def _print_compile(r: dict) -> None:
         by[f["scheduled_by"]] = by.get(f["scheduled_by"], 0) + 1
     print(f"roller compile {r['model']} on {r['device']}: {len(r['functions'])} fused functions ("
           + ", ".join(f"{n} {k}" for k, n in sorted(by.items())) + ")")
+    if r.get("graph_folded"):
+        print(r["graph_folded"])
     for f in r["functions"]:
         why = f" [{f['reason'][:100]}]" if f["scheduled_by"] != "roller" and f["reason"] else ""
         same = f" (same as {f['reused']})" if f["reused"] else ""

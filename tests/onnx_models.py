@@ -291,3 +291,39 @@ def gpt2_decoder(layers: int = 1, past: int = 32, dim: int = 768, heads: int = 1
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, dim])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, dim])
     return _model(nodes, [xi] + inputs, [yo], inits, name)
+
+
+def chunk_shuffle(channels: int = 8, size: int = 4, seed: int = 0):
+    """ShuffleNet v2's unit as PyTorch's TorchScript exporter writes it: ``x.chunk(2, dim=1)`` becomes two
+    Slices whose bounds come from Shape -> Gather -> Add -> Div -> Mul, the second half goes through a
+    1x1 conv + ReLU, the halves are concatenated and channel-shuffled (Reshape to 5-d, Transpose,
+    Reshape back). TVM's importer leaves the Slices' shapes unknown and the reshape after the Concat
+    then fails to legalize (``emit_te now only supports Tensor that has ShapeExpr shape``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    c, half = channels, channels // 2
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [_init("w0", rng.normal(0, 0.3, (c, c, 1, 1))), _init("w1", rng.normal(0, 0.3, (half, half, 1, 1))),
+             i64("axis", [1]), i64("zero", [0]), i64("one", [1]), i64("two", [2]),
+             i64("shape5", [1, 2, half, size, size]), i64("shape4", [1, c, size, size])]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"]),
+        helper.make_node("Shape", ["c0"], ["s"]),
+        helper.make_node("Gather", ["s", "axis"], ["n"], axis=0),
+        helper.make_node("Add", ["n", "one"], ["n1"]),
+        helper.make_node("Div", ["n1", "two"], ["step"]),
+        helper.make_node("Mul", ["step", "one"], ["mid"]),
+        helper.make_node("Mul", ["step", "two"], ["end"]),
+        helper.make_node("Slice", ["c0", "zero", "mid", "axis"], ["a"]),
+        helper.make_node("Slice", ["c0", "mid", "end", "axis"], ["b"]),
+        helper.make_node("Conv", ["b", "w1"], ["cb"]),
+        helper.make_node("Relu", ["cb"], ["rb"]),
+        helper.make_node("Concat", ["a", "rb"], ["cat"], axis=1),
+        helper.make_node("Reshape", ["cat", "shape5"], ["r5"]),
+        helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t5", "shape4"], ["y"]),
+    ]
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])
+    return _model(nodes, [xi], [yo], inits, "chunk_shuffle")

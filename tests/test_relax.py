@@ -493,6 +493,59 @@ def test_rules_keep_no_state_and_the_pass_reports_why_a_rule_declined(device):
     assert [vars(r) for r in rules] == before
 
 
+def test_shape_chains_are_folded_before_import(device):
+    """A channel split whose Slice bounds come from Shape -> Gather -> Div (PyTorch's chunk) failed to
+    legalize unfolded; folded by onnxruntime first it compiles, matches, and the report says so."""
+    from roller.models.relax_steps import legalize_and_fuse
+
+    model = onnx_models.chunk_shuffle()
+    specs = frontend.onnx_inputs(model)
+    with pytest.raises(AssertionError, match="ShapeExpr"):  # TVM's importer alone: the reason for the fold
+        legalize_and_fuse(frontend.import_onnx(model, specs), tvmutil.target_for(device), "NHWC", True)
+    cm = roller.compile_model(model, device)
+    assert cm.folded and "folded by onnxruntime" in cm.folded and "0 shape nodes left" in cm.folded
+    assert cm.to_dict()["graph_folded"] == cm.folded
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
+def test_scalar_constant_of_shape_is_folded(device):
+    """ConstantOfShape of an empty shape (a scalar: GPT-2's exported mask) fails in TVM's converter;
+    folded first, the model compiles and matches."""
+    shape = numpy_helper.from_array(np.zeros((0,), np.int64), "empty")
+    value = numpy_helper.from_array(np.array([2.5], np.float32), "value")
+    nodes = [helper.make_node("ConstantOfShape", ["empty"], ["c"], value=value),
+             helper.make_node("Mul", ["x", "c"], ["y"])]
+    model = _graph(nodes, {"x": (2, 8)}, (2, 8))
+    model.graph.initializer.append(shape)
+    specs = frontend.onnx_inputs(model)
+    with pytest.raises(roller.errors.ModelError, match="ConstantOfShape"):  # TVM's converter alone
+        frontend.import_onnx(model, specs)
+    cm = roller.compile_model(model, device)
+    assert "ConstantOfShape 1" in cm.folded
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
+def test_graphs_without_shape_nodes_are_imported_as_they_are(cnn, device):
+    model, cm = cnn
+    assert cm.folded is None
+    assert frontend.fold_shapes(model, frontend.onnx_inputs(model)) == (model, None)
+
+
+def test_symbolic_input_is_folded_at_the_given_shape(device):
+    """fold_shapes sets the shapes being compiled for before folding: a Shape of a symbolic input folds."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folded, note = frontend.fold_shapes(model, {"x": ((3, 8), "float32")})
+    assert "0 shape nodes left" in note
+    assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+    cm = roller.compile_model(model, device, inputs={"x": (3, 8)})
+    assert frontend.check_against_onnxruntime(cm, model, time_it=False)["matches"]
+
+
 # ---------------------------------------------------------------------------------------------
 # roller compile: the command line
 
@@ -562,6 +615,35 @@ def test_cli_bad_input_one_line(what, tmp_path, capsys):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("roller: error:"), err
     assert expected in lines[0] and "Traceback" not in err
+
+
+def test_cli_importer_failure_is_one_line_naming_the_node(tmp_path, capsys):
+    """A graph TVM's importer raises on (not an OpError): one line naming the ONNX node, nothing on stdout."""
+    bad = tmp_path / "matmul.onnx"
+    # a 1x8 input times a 5x3 weight: the shapes disagree, which TVM's MatMul converter raises on
+    onnx.save(_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")], {"x": (1, 8)}, (1, 3),
+                     inits=[("w", np.ones((5, 3)))]), str(bad))
+    rc = cli.main(["compile", str(bad), "--no-profile", "--json"])
+    out, err = capsys.readouterr()
+    assert rc != 0 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("roller: error: TVM's ONNX importer failed at ONNX node "
+                                                   "MatMul 'proj'"), err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_cli_legalization_failure_is_one_line_naming_the_operator(tmp_path, capsys, monkeypatch):
+    """The channel split unfolded (as without onnxruntime's folding) fails in TVM's legalization of a
+    reshape: a ModelError naming it, not 'roller: internal error'."""
+    path = tmp_path / "shuffle.onnx"
+    onnx.save(onnx_models.chunk_shuffle(), str(path))
+    monkeypatch.setattr(frontend, "fold_shapes", lambda proto, inputs: (proto, None))
+    rc = cli.main(["compile", str(path), "--no-profile"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln]
+    assert rc != 0 and len(lines) == 1, err
+    assert lines[0].startswith("roller: error: legalizing and fusing the model") and "reshape" in lines[0], err
+    assert "internal error" not in err
 
 
 # ---------------------------------------------------------------------------------------------

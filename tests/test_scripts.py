@@ -31,6 +31,7 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch"], r"\d", True),
     "core_speeds": (["--seconds", "1", "--bucket", "0.5"], r"\d", False),
     "cpu_plans_snapshot": (["--check", "TMP/plans.json", "--cases", CASE], r"identical: 1 cases", False),
+    "export_models": (["--list"], r"resnet50\ttorchvision", False),  # --list needs no torch
     "gpu_matmul_vs_dlight": (["--shape", "256,256,256", "--topk", "1"], r"dlight", True),
     "gpu_suite": (["--cases", CASE, "--topk", "1"], CASE, False),
     "model_breakdown": (["--model", "cnn", "--rounds", "1", "--ort-runs", "1"], r"conv", True),

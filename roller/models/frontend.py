@@ -58,6 +58,7 @@ class CompiledModel:
     # True where ``executable`` calls kernels of the kernel cache by name (roller.models.function_cache): export then
     # compiles ``module`` (every scheduled function in place) into one self-contained library
     calls_cache: bool = False
+    folded: str | None = None  # what fold_shapes did to the ONNX graph before import (None: nothing to fold)
     _vm: Any = field(default=None, repr=False)
 
     @property
@@ -112,7 +113,7 @@ class CompiledModel:
 
     def to_dict(self) -> dict:
         return {"model": self.name, "device": self.device.name, "compile_seconds": self.compile_seconds,
-                "phases": dict(self.seconds),
+                "phases": dict(self.seconds), "graph_folded": self.folded,
                 "inputs": {n: {"shape": list(s), "dtype": d} for n, (s, d) in self.inputs.items()},
                 "functions": [r.to_dict() for r in self.report]}
 
@@ -186,17 +187,109 @@ def _describe_input(i) -> str:
     return f"{i.name} ({'x'.join(dims) or 'scalar'})"
 
 
+# operators that compute with shapes: graphs exported from PyTorch compute reshape targets and masks from
+# them (Shape -> Gather -> Unsqueeze -> Concat -> Reshape: channel shuffles, chunks, flattens;
+# ConstantOfShape of an empty shape, a scalar, which TVM's converter cannot make: GPT-2's attention mask)
+SHAPE_OPERATORS = frozenset({"Shape", "Size", "ConstantOfShape"})
+
+
+def fold_shapes(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
+    """``(proto, note)``: where the graph computes with shapes (a node of SHAPE_OPERATORS), the graph with the
+    inputs' static shapes set and its constant subgraphs folded by onnxruntime's offline optimization at
+    ORT_ENABLE_BASIC (constant folding and ONNX-only rewrites; no operator of onnxruntime's own), and a
+    one-line note saying so; else ``(proto, None)`` unchanged. TVM's ONNX importer leaves some of those
+    chains as tensors whose shape is not known at compile time, and legalizing the reshape that reads
+    one then fails (``emit_te now only supports Tensor that has ShapeExpr shape``: torchvision's
+    ShuffleNet); its ConstantOfShape converter fails on a scalar result (``broadcast_to expects the input
+    shape to have the number of ndim at least``: GPT-2 from transformers). Without onnxruntime, or where it cannot optimize the graph, the graph is imported as it
+    is and the note says why."""
+    counts: dict[str, int] = {}
+    for n in proto.graph.node:
+        if n.op_type in SHAPE_OPERATORS and n.domain in ("", "ai.onnx"):
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    if not counts:
+        return proto, None
+    what = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return proto, f"graph not folded ({what} nodes): onnxruntime is not installed"
+    import tempfile
+
+    import onnx
+
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(proto)
+    for i in fixed.graph.input:  # the shapes being compiled for, symbolic dimensions included
+        if i.name in inputs:
+            dims = i.type.tensor_type.shape.dim
+            del dims[:]
+            for d in inputs[i.name][0]:
+                dims.add().dim_value = int(d)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="roller-fold-") as tmp:
+        opts.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
+        try:
+            ort.InferenceSession(fixed.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            folded = onnx.load(opts.optimized_model_filepath)
+        except Exception as e:  # onnxruntime refused the graph: TVM's importer may still take it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return proto, f"graph not folded ({what} nodes): onnxruntime: {first[:200]}"
+    left = sum(n.op_type in SHAPE_OPERATORS for n in folded.graph.node)
+    return folded, (f"graph folded by onnxruntime (ORT_ENABLE_BASIC) before import: {what} nodes, "
+                    f"{len(proto.graph.node)} -> {len(folded.graph.node)} nodes, {left} shape nodes left")
+
+
 def import_onnx(proto, inputs: Mapping[str, tuple[tuple[int, ...], str]]):
     """The Relax IRModule of an ONNX model (weights as constants); ModelError for an operator TVM's ONNX
     frontend does not import."""
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
+    import contextlib
+    import io
+    import sys
+
+    printed = io.StringIO()  # the importer prints "Error converting operator ..." (to stdout: --json's) on failure
     try:
-        return from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
-                         dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+        with contextlib.redirect_stdout(printed):
+            mod = from_onnx(proto, shape_dict={n: list(s) for n, (s, _) in inputs.items()},
+                            dtype_dict={n: d for n, (_, d) in inputs.items()}, keep_params_in_input=False)
+        if printed.getvalue():
+            sys.stderr.write(printed.getvalue())
+        return mod
     except tvm.error.OpError as e:  # OpNotImplemented / OpAttributeInvalid...: one line naming the operator
         raise ModelError(f"unsupported by TVM's ONNX frontend: {str(e).strip().splitlines()[-1]}") from None
+    except Exception as e:  # any other failure of the importer: one line naming the node it was converting
+        raise phase_error("TVM's ONNX importer", e) from e
+
+
+def phase_error(phase: str, e: BaseException) -> ModelError:
+    """A ModelError of one line for an exception TVM raised in ``phase`` (importing, legalizing, building a
+    whole model): the ONNX node (operator and name) or the Relax operator being handled when it was raised,
+    found in the traceback's frames, and the exception's type and first line. std::bad_alloc from TVM's C++
+    comes as a MemoryError or a RuntimeError naming it."""
+    where = []
+    tb = e.__traceback__
+    while tb is not None:  # innermost last: the last match is the most precise
+        local = tb.tb_frame.f_locals
+        node, call = local.get("node"), local.get("call")
+        if hasattr(node, "op_type") and hasattr(node, "output"):
+            where.append(f"ONNX node {node.op_type} {node.name or node.output[0]!r}")
+        elif call is not None and hasattr(getattr(call, "op", None), "name"):
+            where.append(f"Relax operator {call.op.name}")
+        elif "legalize_ops" in tb.tb_frame.f_code.co_filename:  # frames rebuilt across TVM's C++: names only
+            code = tb.tb_frame.f_code
+            where.append(f"the legalization of a Relax operator ({Path(code.co_filename).stem}.{code.co_name})")
+        tb = tb.tb_next
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # TVM's C++ errors carry their own traceback first: the message is the last line
+    first = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+    at = f" at {where[-1]}" if where else ""
+    return ModelError(f"{phase} failed{at}: {type(e).__name__}: {first[:300]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,15 +333,21 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     if isinstance(model, tvm.IRModule):
         if inputs:
             raise ModelError("input shapes are part of a Relax module: give --input only with an ONNX model")
-        mod, specs, label = model, relax_inputs(model), name or "model"
+        mod, specs, label, folded = model, relax_inputs(model), name or "model", None
     else:
         proto = load_onnx(model)
         specs = onnx_inputs(proto, inputs)
         label = name or (Path(model).stem if not hasattr(model, "graph") else (proto.graph.name or "model"))
+        proto, folded = fold_shapes(proto, specs)
         mod = import_onnx(proto, specs)
     seconds["import"] = time.perf_counter() - t0
     t = time.perf_counter()
-    mod = legalize_and_fuse(mod, target, layout, fast_math)
+    try:
+        mod = legalize_and_fuse(mod, target, layout, fast_math)
+    except ModelError:
+        raise
+    except Exception as e:  # TVM's legalization or fusion: one line naming the operator, not a traceback
+        raise phase_error("legalizing and fusing the model (TVM's Relax passes)", e) from e
     seconds["legalize"] = time.perf_counter() - t
     t = time.perf_counter()
     # planned for where the weights live between calls (memory, where they outgrow the caches)
@@ -269,7 +368,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
         seconds["build"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=report, seconds=seconds,
-                         module=mod, calls_cache=calls_cache)
+                         module=mod, calls_cache=calls_cache, folded=folded)
 
 
 # ---------------------------------------------------------------------------------------------

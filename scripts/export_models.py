@@ -1,0 +1,178 @@
+"""Common architectures as ONNX files (random weights, nothing downloaded), for ``roller compile``.
+
+    python3 scripts/export_models.py --list
+    PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models
+    PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --models resnet50,gpt2
+
+Builds, with ``torch.onnx.export(..., dynamo=False)`` (the TorchScript exporter), opset 17, batch 1:
+torchvision classifiers at 224x224 (``weights=None``: random weights, input ``x`` 1x3x224x224) and Hugging
+Face encoders/decoders from their default configurations with random weights (input ``input_ids``
+1x128, int64; the output is the last hidden state). The Hugging Face models keep ``--layers`` transformer
+layers (default 2, through the configuration: ``num_hidden_layers``, ``n_layers`` or ``n_layer``) so the
+export and the compile stay short; every other setting is the configuration's default.
+
+PyTorch, torchvision, transformers and Pillow are not roller's dependencies: install them into a folder
+of their own (``pip install --target /work/torchenv ...``) and put it on PYTHONPATH for this step only
+(an importable torch makes ``import tvm`` import it). torchvision from PyPI cannot load its compiled
+operators against the CPU build of torch; the classifiers need none, so its two registration modules
+are replaced with empty ones before the import (see TVM-NOTES, "Whole-model peers and model sources").
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import types
+from pathlib import Path
+
+IMAGE = (1, 3, 224, 224)
+SEQ = 128
+OPSET = 17
+
+VISION = ["resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
+          "shufflenet_v2_x1_0", "convnext_tiny", "vit_b_16", "swin_t"]
+# name -> (config class, model class, the configuration's layer-count field, pass an all-ones attention mask):
+# GPT-2 without a mask looks for packed sequences in its position ids with torch.diff, which the
+# TorchScript exporter cannot write (aten::diff)
+TEXT = {
+    "bert_base": ("BertConfig", "BertModel", "num_hidden_layers", False),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", "n_layers", False),
+    "roberta_base": ("RobertaConfig", "RobertaModel", "num_hidden_layers", False),
+    "gpt2": ("GPT2Config", "GPT2Model", "n_layer", True),
+}
+MODELS = VISION + list(TEXT)
+
+
+class MissingDependency(Exception):
+    pass
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise MissingDependency(f"needs PyTorch ({e}): install it with pip install --target DIR torch and run "
+                                f"with PYTHONPATH=DIR") from None
+    return torch
+
+
+def _import_torchvision():
+    # torchvision's compiled operators (nms, roi_align...) do not load against the CPU build of torch; the
+    # classifiers use none of them, and these two modules are what registers them at import
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    try:
+        import torchvision.models
+    except ImportError as e:
+        raise MissingDependency(f"needs torchvision and Pillow ({e}): pip install --target DIR --no-deps "
+                                f"torchvision pillow") from None
+    return torchvision.models
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingDependency(f"needs transformers ({e}): pip install --target DIR transformers") from None
+    return transformers
+
+
+def _vision(name: str):
+    torch = _import_torch()
+    tvm_models = _import_torchvision()
+    model = getattr(tvm_models, name)(weights=None).eval()
+    return model, (torch.randn(*IMAGE),), ["x"]
+
+
+def _text(name: str, layers: int):
+    torch = _import_torch()
+    tf = _import_transformers()
+    config_cls, model_cls, layer_field, mask = TEXT[name]
+    config = getattr(tf, config_cls)()
+    setattr(config, layer_field, layers)
+    config.use_cache = False
+    model = getattr(tf, model_cls)(config)
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("eager")  # plain matmul-softmax attention, not SDPA
+        except Exception:  # older transformers: the config's choice stays
+            pass
+    model.eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids):
+            extra = {"attention_mask": torch.ones_like(input_ids)} if mask else {}
+            return self.inner(input_ids=input_ids, return_dict=True, **extra).last_hidden_state
+
+    ids = torch.randint(0, config.vocab_size, (1, SEQ), dtype=torch.int64)
+    return LastHidden(model), (ids,), ["input_ids"]
+
+
+def export(name: str, out: Path, layers: int) -> Path:
+    torch = _import_torch()
+    torch.manual_seed(0)
+    # nn.MultiheadAttention's inference fast path is one aten::_native_multi_head_attention call, which
+    # the TorchScript exporter cannot write (vit_b_16): the plain path exports as MatMul/Softmax
+    if hasattr(torch.backends, "mha"):
+        torch.backends.mha.set_fastpath_enabled(False)
+    model, args, inputs = _vision(name) if name in VISION else _text(name, layers)
+    with torch.no_grad():  # a weight its initializer leaves all zeros (ViT's classifier head) would make the
+        for p in model.parameters():  # output a constant and any comparison of outputs vacuous
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
+    path = out / f"{name}.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(path), input_names=inputs, output_names=["y"], opset_version=OPSET,
+                          dynamo=False, do_constant_folding=True)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", nargs="?", help="folder the .onnx files are written to")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS))
+    p.add_argument("--layers", type=int, default=2, help="transformer layers of the Hugging Face models (default 2)")
+    p.add_argument("--list", action="store_true", help="print the model names and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        for n in MODELS:
+            print(f"{n}\t{'torchvision' if n in VISION else 'transformers'}")
+        return 0
+    if not args.out:
+        p.error("give the output folder (or --list)")
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    out = Path(args.out)
+    try:
+        _import_torch()
+        out.mkdir(parents=True, exist_ok=True)
+        import warnings
+
+        warnings.filterwarnings("ignore")  # the TorchScript exporter's deprecation and tracer warnings
+        failed = []
+        for n in names:
+            t = time.perf_counter()
+            try:
+                path = export(n, out, args.layers)
+            except MissingDependency:
+                raise
+            except Exception as e:  # one model's exporter failure: say which and why, export the others
+                failed.append(n)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                print(f"{n}: export failed: {type(e).__name__}: {first[:300]}", flush=True)
+                continue
+            print(f"{n}: {path} ({path.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - t:.1f} s)", flush=True)
+    except MissingDependency as e:
+        print(f"export_models: {e}", file=sys.stderr)
+        return 2
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
