@@ -228,7 +228,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         extra = two_vectors()
     elif index < len(levels) - 1 and expr.reduce_axes:
         # the tile below grown along the reduction only: one register tile's accumulators per tile, its
-        # reduction chunked here, a shape the greedy growth passes by (docs/design-notes.md#construct-reduction_only).
+        # reduction chunked here, a shape the greedy growth passes by
+        # (docs/design-notes.md#construct-reduction_only).
         extra = grow(tile, {a.name for a in expr.spatial_axes})[0][-1]
     branch = BRANCH
     if extra is not None and extra not in picks[:BRANCH]:

@@ -88,8 +88,7 @@ def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
     ``chain`` is how many steps each accumulator takes before the tile writes it back (default: the whole
     reduction). Chains shorter than the core's out-of-order window (``units.reorder_window`` operations)
     overlap with the next register tiles', so a tile counts as ``window / chain`` accumulators when it holds
-    fewer: a depthwise 5x5 conv on 56x56x128 (one thread) with a one-vector register tile (chain 25) ran at
-    26% of peak, 64 / 25 = 2.6 of the 10 accumulators; with four vectors at 43% (4 of 10)."""
+    fewer (docs/design-notes.md#cost-accumulator_efficiency)."""
     need = device.units.accumulators_for_peak
     if need <= 1:
         return 1.0

@@ -224,7 +224,7 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
     finished accumulators are written back, not held or re-read during the reduction; counted in the
     register tile they halved the tiles of BERT's and ResNet's residual matmuls and convs and of the
     classifiers' GEMVs. A bias of a longer output (some output axes only) stays counted: excluding it too
-    changed 12 of ResNet-50's plans by -14% to +34% (one thread, one A/B process), net neutral."""
+    was net neutral (docs/design-notes.md#rtile-epilogue_inputs)."""
     found = expr.__dict__.get("_epilogue_inputs")  # once per Expr: construction asks per tile
     if found is None:
         found = frozenset()
