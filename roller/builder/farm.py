@@ -34,10 +34,7 @@ from roller.builder.workers import SKIPPED as SKIPPED, STOPPED as STOPPED, warm_
 
 # Buffer placements every timed repeat spreads its calls over (placed_copies): a kernel's speed can depend on
 # where its tensors sit relative to each other within a page (loads and stores 4 KiB apart alias in the L1
-# and the store buffer). Measured, 2 threads, one process: depthwise 3x3 dilation 2 on 28x28x256, its first
-# plan (channels split over the cores) ran 20 us with the output 512 B (mod 1 KiB) past the input's page
-# offset and 30-41 us at 0, 64, 256, 768, ...; the third plan 22-31 us. Timed on the one placement the
-# profile's buffers had, the first plan won at 20 us and then ran 40.4 us on the suite's buffers.
+# and the store buffer), so a plan timed on one placement can win by luck (docs/design-notes.md#farm-placements).
 PLACEMENTS = 4
 PLACEMENT_BYTES = 256 << 20  # at most this many bytes of copies: fewer placements for large operators
 PLACEMENT_ALIGN = 64  # the kernels' buffers are 64-byte aligned; offsets step by that

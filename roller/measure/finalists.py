@@ -45,12 +45,11 @@ def time_finalists(timers: Mapping[int, Callable[[], float]],
     FINALIST_RATIO of the best screen) are timed in REPEATS rounds, one repeat of each per round (fewer
     where no challenger can win any more, :func:`_all_lose`).
     Alternating, every finalist sees the same drift of a shared machine: timed one after another, a burst of
-    other work during one candidate's repeats made a slower plan win (the profiled kernel then ran up to 2x
-    slower than the model's first plan). The choice compares each finalist with the model's first plan
-    round by round (its time over the first plan's in the same round, the median over the rounds), and a
-    challenger wins only where it is at least WIN_MARGIN faster: on a machine whose speed moves by 1.6x
-    within seconds (presumably other tenants' work), plans within the noise of each other were picked at
-    random and the profiled kernel ran up to 1.4x slower than the first plan. Any device: the CPU's runtime
+    other work during one candidate's repeats made a slower plan win. The choice compares each finalist with
+    the model's first plan round by round (its time over the first plan's in the same round, the median over
+    the rounds), and a challenger wins only where it is at least WIN_MARGIN faster: on a machine whose speed
+    moves within seconds, plans within the noise of each other are otherwise picked at random
+    (docs/design-notes.md#finalists-time_finalists). Any device: the CPU's runtime
     here, a GPU's in roller.targets.cuda.profile. ``screens`` (index -> a shorter timed repeat) time the screen where
     given."""
     screen = {i: (screens or timers)[i]() for i in timers}

@@ -71,9 +71,7 @@ def constants_device(mod, device: Device) -> Device:
     """``device`` to schedule ``mod``'s functions for: where the module's constants outgrow what a unit
     finds in the caches (``Device.largest_cached_bytes``), the other layers evict a layer's weights
     between its calls, and it reads them from memory (``Device.constants_level``: the last level); else
-    ``device`` itself. ResNet-50 (100 MB of weights), two threads, alternating in one process: 30.93 ->
-    30.23 ms with its weights charged from memory; MobileNetV2's 14 MB stay cached (3.27 -> 3.46 ms when
-    charged from memory)."""
+    ``device`` itself (docs/design-notes.md#constants-constants_device)."""
     import dataclasses
 
     if not device.levels[-1].keeps_data or constant_bytes(mod) <= device.largest_cached_bytes():

@@ -57,7 +57,7 @@ def held_grid(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str |
     """The axis whose grid loop stays out of the fused parallel grid loop: a predicated spatial vector axis
     with a grid loop, where another spatial axis has one too. Lowering can split the overhanging last tile
     off a loop of its own, not off a fused one (div/mod), and a bound left on the vector loop makes TVM emit
-    it scalar (depthwise 5x5 over 42 channels ran 19x below its model)."""
+    it scalar, far below the model (docs/design-notes.md#choices-held_grid)."""
     if vector_axis is None or vector_axis not in predicated or expr.axis(vector_axis).kind == REDUCE:
         return None
     f = axis_factors(expr, tiles, vector_axis, lanes)

@@ -31,17 +31,13 @@ from roller.plan.tails import (inline_options, spills_window, stack_array,
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 # Plans gathered (epsilon grown) before ranking, whatever topk asks: the first plan of top-1 (no profiling)
-# is then the first of top-10. With the pool at topk, add_relu on 100x3001 stopped at epsilon 0 with
-# one-vector tiles (predicted 124 us, ran 41) where epsilon 0.1 gives a padded plan predicted at 18 us;
-# constructing for 10 took as long as for 1 (8.2 s against 8.1 for the 58 suite cases).
+# is then the first of top-10 (a pool of topk can stop at epsilon 0 short of a better padded plan), and
+# constructing for 10 costs about what constructing for 1 does; docs/design-notes.md#construct-rank_pool.
 RANK_POOL = 10
 BRANCH = 4  # tiles per level carried on to the next level
 # Padding along the vector axis a two-vector register tile may add beyond epsilon (scale_up's two_vectors):
-# its last tile is padded or predicated, which the model charges. A 1x1 conv on 42x42x168 -> 168 (one
-# thread) ran 910-1151 us with the 14-pixel x one-vector tile epsilon 0 allowed, 687-707 with 7 x 2 vectors
-# (168 channels in 11 vectors; two-vector tiles pad them to 12, 9%). Suite first plans that moved
-# (ab_first_plans.py, two threads, old/new): that conv 1.24 / 1.27, add_relu on 100x3001 1.09 / 1.05,
-# nas_conv1x1_21_336to336 1.07 / 0.97.
+# its last tile is padded or predicated, which the model charges. Set so that an odd count of vectors (11
+# padded to 12, 9%) still gets two-vector tiles; docs/design-notes.md#construct-two_vector_waste.
 TWO_VECTOR_WASTE = 0.1
 
 
@@ -107,8 +103,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     seed = below_tiles[-1] if below_tiles else {}
     # along the vector axis, this level tiles the extent the register tile pads it to (a two-vector tile
     # over an odd count of vectors): that padding is the register tile's, charged by the model, not this
-    # level's. (Along the other axes too, the prime matmul 127 x 251 x 509 moved to top tiles of 4 rows
-    # padded to 128 that ran 0.84-0.87x.)
+    # level's (the same holds along the other axes; docs/design-notes.md#construct-level_tiles).
     if vector_axis in seed:
         extents[vector_axis] = round_up(extents[vector_axis], seed[vector_axis])
     tile = _first_tile(expr, rules, seed, eps, extents)
@@ -191,9 +186,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     def two_vectors() -> dict[str, int] | None:
         """A register tile two vectors wide along a spatial vector axis, grown along one other spatial axis
         (and the reduction) to the largest whose accumulators make a stack array; of those, the least
-        traffic. The growths above reach one vector or four: a 1x1 conv on 14x14x256 -> 1024 (one thread)
-        ran 607 us with 7 pixels x 2 vectors against 715 with the 2 x 2 pixels x 4 vectors chosen before,
-        which the model ties with it (the L1 traffic of 4 pixels, 1.5x higher, stays under the compute)."""
+        traffic. The growths above reach one vector or four, and the model ties four with two though two
+        runs faster (docs/design-notes.md#construct-two_vectors)."""
         if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1:
             return None
         width = 2 * rules.lanes
@@ -234,8 +228,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         extra = two_vectors()
     elif index < len(levels) - 1 and expr.reduce_axes:
         # the tile below grown along the reduction only: one register tile's accumulators per tile, its
-        # reduction chunked here. A 1x1 conv on 14x14x256 -> 1024 with 7 x 2-vector register tiles, one
-        # thread: 607 us with L1 tiles of that shape, 691 with the 14 x 2 pixels the greedy growth reached.
+        # reduction chunked here, a shape the greedy growth passes by
+        # (docs/design-notes.md#construct-reduction_only).
         extra = grow(tile, {a.name for a in expr.spatial_axes})[0][-1]
     branch = BRANCH
     if extra is not None and extra not in picks[:BRANCH]:

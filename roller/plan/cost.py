@@ -88,8 +88,7 @@ def accumulator_efficiency(expr: Expr, reg: Mapping[str, int], device: Device,
     ``chain`` is how many steps each accumulator takes before the tile writes it back (default: the whole
     reduction). Chains shorter than the core's out-of-order window (``units.reorder_window`` operations)
     overlap with the next register tiles', so a tile counts as ``window / chain`` accumulators when it holds
-    fewer: a depthwise 5x5 conv on 56x56x128 (one thread) with a one-vector register tile (chain 25) ran at
-    26% of peak, 64 / 25 = 2.6 of the 10 accumulators; with four vectors at 43% (4 of 10)."""
+    fewer (docs/design-notes.md#cost-accumulator_efficiency)."""
     need = device.units.accumulators_for_peak
     if need <= 1:
         return 1.0
@@ -135,9 +134,9 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
     """The tile whose reduction chunks make level ``index`` read its output tile back (``rtile.traffic``'s
     parent): the next level's, except that the register tile's accumulators stay in registers through
     every level above whose tile holds no other register tile (the compiler keeps them there: no loop over
-    other outputs runs between those reduction loops). A 1x1 conv on 42x42x168 with one register tile
-    per L1 tile ran 751-759 us (one thread), with 7 a tile 837-875, all tied by the model before: their
-    accumulators went back to memory at each of the 11 reduction chunks. Not for partial sums (a reduced
+    other outputs runs between those reduction loops), where several register tiles under one tile send
+    their accumulators back to memory at each reduction chunk (docs/design-notes.md#cost-accumulator_parent;
+    the cost of a move: docs/cost-constants.md#accumulator_cycles-08). Not for partial sums (a reduced
     vector axis), which codegen keeps in a buffer of their own. None: the whole reduction."""
     if index + 1 >= len(tiles):
         return None
@@ -182,10 +181,8 @@ def accumulator_level_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], dev
     """How much dearer a move of an accumulator vector is than device.model.accumulator_cycles (fitted with the tile
     buffer in L1): the buffer between the outermost chunks is the output region of the highest tile
     whose reduction is split (the chunk loop runs over it), and it lives in the first private level
-    that holds it; a move then costs in proportion to that level's bandwidth against L1's. A
-    grouped 3x3 conv on 56x56x128 (32 groups) whose top tiles take one input channel of four, 401 KB of
-    accumulators in L2 between them, ran 770 us against 307 for a plan without the split, both predicted
-    ~360 before (two threads)."""
+    that holds it; a move then costs in proportion to that level's bandwidth against L1's
+    (docs/design-notes.md#cost-accumulator_level_factor)."""
     caches = device.private_levels[1:]  # a tile buffer is memory, not the register level
     reduce = [a for a in expr.axes if a.kind == REDUCE]
     split = next((tile for i, tile in reversed(list(enumerate(tiles)))
@@ -250,8 +247,8 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
             mem[lv.name] += cold / (unit_bandwidth(device.level(device.constants_level), units) * 1e9)
         traf[lv.name] = q
     # inputs the kernel reads from a copy made per top tile: packed ones, and every producer stage the plan
-    # does not inline (padding, and group_rep, which is never inlined: charged before as strided streams,
-    # 287 us of untracked lines for a plan of a grouped conv on 14x14x256 in 64 groups that ran 71.5 us)
+    # does not inline (padding, and group_rep, which is never inlined: not strided streams;
+    # docs/design-notes.md#cost-estimate)
     copied = tuple(n for n in expr.staged if n not in inlined)
     staged = tuple(packed) + copied
     worst = (max([per_tile] + [m / spatial for m in mem.values()]) + tile_overhead(device)
@@ -267,8 +264,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
              + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
     seconds = waves * worst + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units)
     if root_copies:
-        # a parallel loop of its own before the kernel's, not under its compute: the prime matmul 127 x 251
-        # x 509 padded along m (A copied whole) ranked first, and the plan predicating m ran 1.11-1.34x faster
+        # a parallel loop of its own before the kernel's, not under its compute (docs/design-notes.md#cost-estimate)
         seconds += root_copies / (source_bandwidth(expr, device) * 1e9) + launch_seconds(device, device.units.count)
     est = Estimate(seconds=seconds, compute_seconds=compute_all / units, memory_seconds=mem, traffic_bytes=traf,
                    footprint_bytes=foot, tiles=spatial, units=units, waves=waves, base_seconds=seconds,

@@ -125,15 +125,11 @@ def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device:
 def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, device: Device) -> float:
     """Bytes the top level's fill wastes on short strided rows: an input whose top tile takes part of each
     of its rows (a 16-channel slice of a 96-channel window: 64 B of every 384) streams at the calibrated
-    efficiency of such rows (``Device.run_efficiency``), charged as the extra bytes that costs. One thread,
-    one A/B process, first plans before and after: stride-2 depthwise conv on 112x112x96 525 -> 245 us
-    (16 -> 96 channels a tile; PyTorch 349), dw 3x3 on 56x56x144 297 -> 193, on 112x112x32 209 -> 145,
-    max pool 3x3/2 on 112x112x64 302 -> 146.
+    efficiency of such rows (``Device.run_efficiency``), charged as the extra bytes that costs.
 
     Only the bytes that come from beyond the units' private caches are charged (1 - resident_share):
-    the efficiency is the memory's, and lines the L2s still hold come whole. Depthwise 3x3 on 56x56x144
-    (3.6 MB, 56% resident), two threads: 16-channel top tiles ran 78-80 us like whole-pixel ones (81),
-    charged 113 us of short rows."""
+    the efficiency is the memory's, and lines the L2s still hold come whole
+    (docs/design-notes.md#overheads-short_row_bytes)."""
     remote = 1.0 - resident_share(expr, device)
     if remote <= 0:
         return 0.0
@@ -316,9 +312,9 @@ def halo_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, vector_axi
                predicated: tuple[str, ...]) -> float:
     """Bytes of the top level's fill (``rtile.traffic``) that a unit's consecutive top tiles share, so the
     next tile finds them in the cache: the overlap of a sliding window (an input dimension indexed by the
-    step axis and a reduction axis, a pool's or convolution's rows) between neighbouring tiles. A 3x3 pool
-    of stride 2 over 165x165x42 in one-row tiles reads two new input rows a tile, not three: counted as
-    three, its memory time was 1.4x the 151-162 us it ran (two threads). Inputs the step axis does not
+    step axis and a reduction axis, a pool's or convolution's rows) between neighbouring tiles: a 3x3 pool
+    of stride 2 in one-row tiles reads two new input rows a tile, not three
+    (docs/design-notes.md#overheads-halo_bytes). Inputs the step axis does not
     index at all (a convolution's weights) are left as they were: the model has not charged their reuse
     between top tiles anywhere, and ranking compute-bound plans was tuned without it."""
     axis = top_step_axis(expr, top, vector_axis, predicated)

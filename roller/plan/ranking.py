@@ -29,8 +29,7 @@ def rank(items: Sequence, seconds, memory_seconds, body_runs=None) -> list:
     TIE of it the plan with the least total memory time (traffic over bandwidth, summed over levels)
     goes first, and among those equal in that too the one whose register tile's body runs the fewest times
     (``body_runs(item)``, when given): its loop control and bounds checks serve more vectors, which the
-    model does not count (a 3x3 avg pool on 83x83x84, its tiles otherwise the same, with register tiles of
-    1, 2, 3 and 6 vectors all predicted 120 us: 175, 151, 146 and 156 us, two threads).
+    model does not count (docs/design-notes.md#ranking-rank).
     ``seconds(item)`` and ``memory_seconds(item)`` (level -> seconds) read an item."""
     remaining = sorted(items, key=seconds)
     out = []

@@ -44,9 +44,7 @@ def imbalance_seconds(expr: Expr, tile_seconds: float, waves: int, device: Devic
     """Seconds a compute-bound kernel waits for its slowest unit (``units.speed_spread``): a fixed split
     waits for that unit's whole share, ``waves`` top tiles; a balanced grid (the plan's ``balanced``, decided
     by ``choices.balanced_grid`` from ``balances``) for about one tile, the others stealing the rest of its
-    share. Measured (2 threads, one process, 15 alternated rounds): a 3x3 conv on 56x56x64 in 14 top tiles
-    ran 1005 us with the fixed split and 914 balanced; in 2 top tiles, one a core, 1051 and 1023 (the first
-    plan, which the model ranked above the 14-tile one). Memory-bound kernels are not charged: a core slowed
+    share (docs/design-notes.md#residency-imbalance_seconds). Memory-bound kernels are not charged: a core slowed
     by a co-tenant on its host core loses issue slots, not its share of the bandwidth (not measured; they
     keep the fixed split either way, so the charge would only scale every plan of theirs alike)."""
     spread = device.units.speed_spread

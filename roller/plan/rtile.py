@@ -224,7 +224,7 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
     finished accumulators are written back, not held or re-read during the reduction; counted in the
     register tile they halved the tiles of BERT's and ResNet's residual matmuls and convs and of the
     classifiers' GEMVs. A bias of a longer output (some output axes only) stays counted: excluding it too
-    changed 12 of ResNet-50's plans by -14% to +34% (one thread, one A/B process), net neutral."""
+    was net neutral (docs/design-notes.md#rtile-epilogue_inputs)."""
     found = expr.__dict__.get("_epilogue_inputs")  # once per Expr: construction asks per tile
     if found is None:
         found = frozenset()
@@ -430,8 +430,8 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
 
     def row_pad(t: TensorAccess, region: tuple[int, ...]) -> int:
         # whole vectors, then one cache line more where the lower tile reads part of each row and the row
-        # stride would map a column onto few cache sets (a staged window too: a 3x3 conv on 14x14x256
-        # walking 14 rows 8 KiB apart, 1242 -> 998 us)
+        # stride would map a column onto few cache sets (a staged window too;
+        # docs/design-notes.md#rtile-packing)
         row = region[-1] + vector_row_pad(t, region, rules.vector_axis, rules.lanes)
         pad = rules.storage_pad_bytes(row * t.elem_bytes) if t.region(under)[-1] < region[-1] else 0
         return row - region[-1] + (max(1, pad // t.elem_bytes) if pad else 0)
@@ -462,8 +462,8 @@ def copied_stages(expr: Expr, inlined: tuple[str, ...] = ()) -> tuple[str, ...]:
 def vector_row_pad(t: TensorAccess, region: tuple[int, ...], vector_axis: str | None, lanes: int) -> int:
     """Elements that pad each row of a copy of ``t`` to whole vectors, where its rows run along the vector
     axis and are longer than one vector without being a whole number of them: otherwise the rows start at
-    every offset and most vector loads straddle two cache lines (depthwise 5x5 on 83x83x42, rows of 42
-    floats: 362 us one thread; padded to 48: 290)."""
+    every offset and most vector loads straddle two cache lines
+    (docs/design-notes.md#rtile-vector_row_pad)."""
     row = region[-1]
     if t.index[-1] != ((vector_axis, 1),) or row <= lanes or row % lanes == 0:
         return 0

@@ -53,7 +53,8 @@ def clamped_top(expr: Expr, tiles: Sequence[Mapping[str, int]], axis: str, vecto
                 lanes: int) -> int:
     """The top tile along ``axis`` as code generation runs it: clamped (``rtile.clamp_tiles``) to the
     tiling extent, so a tile larger than a short extent shrinks to it, except that the vector axis keeps
-    whole vectors (36 lanes tiled by 48 stay 48: a 36-wide vector loop ran 15x slower than 48 in TVM)."""
+    whole vectors (36 lanes tiled by 48 stay 48: a vector loop of a width not a whole vector runs far slower
+    in TVM; docs/design-notes.md#tails-clamped_top)."""
     extent = tiling_extents(expr, vector_axis, lanes)[axis]
     return clamp_tiles(extent, [t[axis] for t in tiles])[-1]
 
@@ -84,8 +85,7 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: st
     # Some axes padded, the others predicated: the vector axis (its partial vector costs pieces or scalar),
     # and with it the axes whose register tile overhangs (a bound inside the unrolled register tile
     # branches per row). Which is faster depends on the copies padding makes (a window's padded axis
-    # re-indexes the window per tile): the mixed plans of a nas 3x3 conv on 42x42x84 ran 1.5x faster
-    # than all padded, a 127x251x509 matmul's 1.3x, a 71x71x36 1x1 conv's only with h padded too.
+    # re-indexes the window per tile; docs/design-notes.md#tails-tail_options).
     ext = tiling_extents(expr, vector_axis, lanes)
     inner = tuple(a for a in over if a == vector_axis
                   or ext[a] % clamp_tiles(ext[a], [t[a] for t in tiles])[0])
@@ -119,8 +119,7 @@ def serial_tail(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str
                 predicated: tuple[str, ...]) -> bool:
     """Whether the parallel grid loop itself is split at its last iteration: it is one predicated axis's
     own (no other spatial axis has top tiles) with no tile loop of that axis below it to carry the split.
-    That last top tile then runs alone after the others (a 3x3 conv on 42x42x84 in six 16-channel top
-    tiles, the channels predicated: 1783 us against 1556 padded, two threads)."""
+    That last top tile then runs alone after the others (docs/design-notes.md#tails-serial_tail)."""
     if not predicated:  # every estimate asks: most plans predicate nothing
         return False
     split = split_axes(expr, tiles[-1])
@@ -148,12 +147,10 @@ def tail_compute_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_a
 
     Split off as a vector loop of its own (``vector_tail_split``), the partial vector runs as the
     power-of-two vectors its lanes make up (10 lanes: an 8- and a 2-lane piece, loaded apart and joined),
-    one whole vector's work each (a depthwise 5x5 on 83x83x42 in 16-channel tiles ran 358 us, the same
-    tiles on 48 channels 372). Otherwise its lanes run scalar: lowering splits the overhanging iterations
+    one whole vector's work each. Otherwise its lanes run scalar: lowering splits the overhanging iterations
     off every tiled loop of the axis, and in the unrolled register tile the whole vectors of the last tile
-    keep constant, true bounds; only the partial vector stays scalar. (Charged for the whole last top
-    tile, an avg pool on 83x83x84 with 3-vector register tiles was predicted 43% scalar and ranked last
-    of ten; it ran fastest of them.)"""
+    keep constant, true bounds; only the partial vector stays scalar, not the whole last top tile
+    (docs/design-notes.md#tails-tail_compute_factor)."""
     if vector_axis is None or vector_axis not in predicated:
         return 1.0
     extent = expr.axis(vector_axis).extent
@@ -243,8 +240,7 @@ def rolled_reduce_axes(expr: Expr, reg: Mapping[str, int], vector_axis: str | No
                        registers: int) -> frozenset[str]:
     """Reduce axes whose register-tile loop code generation keeps rolled instead of unrolling: those of a
     window whose distinct values do not fit beside the accumulators (:func:`window_values`; LLVM would
-    spill them: the ResNet stem, register tile w16 x k16 x s7, 37 broadcasts live beside 16
-    accumulators; read in the assembly, 2.0 -> 1.3 ms with the s loop rolled, one A/B process). Rolled,
+    spill them; docs/design-notes.md#tails-rolled_reduce_axes). Rolled,
     one step holds only its own operands. ``reg`` is the register tile as code generation runs it
     (clamped); ``registers`` the vector register file's size: where every distinct value fits beside the
     accumulators, nothing spills (a stride-2 3x3 conv's 15 broadcasts + 14 accumulators did not) and
@@ -372,17 +368,13 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     """The ways a plan may run the function's zero-padding stages (``Expr.inlinable``): copied per top tile
     (the default, first), or inlined into the main block, which then reads the tensor itself behind a
     bounds check per load (``model.inline_check_seconds``). The copy moves the whole window again; the
-    check slows every load: a stride-2 depthwise conv on 112x112x96 ran 2x faster inlined, a dense 3x3
-    conv 1.25x slower (one thread each, one A/B process). Not where the plan pads an axis of that input
+    check slows every load; which wins depends on the kernel. Not where the plan pads an axis of that input
     (its padded copy re-indexes the stage's output), nor where the register tile holds several vectors of
     a predicated vector axis: the partial vector stays inside the unrolled register tile, and with the
-    window's bounds there its lanes load one by one (avg pool 3x3 on 83x83x84, 96-lane register tiles:
-    975 us inlined against 312 staged, one thread), unless code generation splits that vector off as a
-    loop of its own (``vector_tail_split``: the same tiles inlined then ran 277, the one-vector tiles 323).
-    Nor where the plan predicates an axis of the window
+    window's bounds there its lanes load one by one, unless code generation splits that vector off as a
+    loop of its own (``vector_tail_split``). Nor where the plan predicates an axis of the window
     besides the vector axis: lowering then splits the loops on the window's bounds too, and the copies
-    multiply (depthwise 5x5 on 83x83x42, tails on h, w and c: 30 s to compile inlined, 5.5 s staged;
-    the kernel 160 against 176 us)."""
+    multiply (compiling takes several times longer). Measurements: docs/design-notes.md#tails-inline_options."""
     stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded))
     if not stages:
         return [()]

@@ -45,17 +45,13 @@ def target_for(device: Device):
 # register tile as that let plus a constant (``cse_v10 + 3552``, ``+ 7136``, ...). LLVM cannot prove those
 # int32 additions do not overflow (the parallel variable has no known lower bound), so it sign-extends
 # each row's index on its own (vectorized: broadcast, add, shift, extract per row, beside the FMAs)
-# instead of folding the offsets into the loads' displacements; LLVM's own CSE does the rest without that.
-# Measured, 2 threads, one process, the same plan alternating with and without: depthwise 3x3 on
-# 112x112x32 with a register tile of 8 rows x 1 pixel 48-52 -> 35-40 us (the 1 row x 8 pixels tile the
-# model ties it with ran 35 either way); every other suite case's first plan within noise, compile time
-# unchanged.
+# instead of folding the offsets into the loads' displacements; LLVM's own CSE does the rest without that
+# (docs/design-notes.md#compile-cpu_pass_config).
 CPU_PASS_CONFIG = {"tirx.disable_cse_tir": True}
 
 # TVM's TIR lowering passes that only ever change GPU (or Hexagon) code: thread bindings, shared memory,
 # tensor-core fragments, annotated pipelines and double buffers. On a CPU build each still walks the whole
-# function to find nothing: together 0.65 s of the 9.4 s ResNet-50's 29 functions spend in TIR lowering and
-# LLVM (pass timings, one compile).
+# function to find nothing (docs/design-notes.md#compile-gpu_only_passes).
 GPU_ONLY_PASSES = ("s_tir.LowerCrossThreadReduction", "s_tir.LiftThreadBinding",
                    "s_tir.ManifestSharedMemoryLocalStage", "s_tir.LowerAutoCopy", "s_tir.UnifyThreadBinding",
                    "s_tir.InjectPermutedLayout", "s_tir.InjectSoftwarePipeline", "s_tir.TransformMmaBufferLayout",
@@ -89,7 +85,7 @@ def compile_for(mod, target, **kwargs):
 
 
 # Linking a kernel library. TVM's export runs ``g++ -shared``: the compiler driver, then collect2, then ld,
-# 40-70 ms a library, about 2.1 s of ResNet-50's 29 functions compiled alone. ld alone takes under 10 ms.
+# most of that time the driver's; ld alone is a fraction of it (docs/design-notes.md#compile-direct_linker).
 # An LLVM-built CPU kernel needs from the driver's defaults only libm (math calls) and libgcc (compiler
 # helpers such as 128-bit division); the rest (TVM's FFI, libc) it finds in the process that loads it,
 # as the driver-linked library does too.

@@ -279,16 +279,13 @@ def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32"):
 
 
 # A group with fewer output channels than this fills few lanes when its own channels are the vector axis,
-# and a copy of its inputs per output channel costs few copies. First plans, one A/B process (3x3, pad 1):
-# 4 channels a group, 56x56x128 in 32 groups: 0.44 ms replicated against 0.75 ms (PyTorch ~0.59 ms);
-# 28x28x64 in 16: 68 against 137 us; 8 a group, 28x28x256 in 32: 336 against 254 us, 14x14x512 in 64:
-# 304 against 341 us: from 8 on, the copy costs about what the idle lanes did.
+# and a copy of its inputs per output channel costs few copies; from 8 on, the copy costs about what the
+# idle lanes did (docs/design-notes.md#ops-group_replicate_below).
 GROUP_REPLICATE_BELOW = 8
 # Block annotation of a copy stage whose value repeats each element it loads over this many consecutive
 # elements of its innermost axis (group_rep: (k // kg) * cg + c is the same for kg channels in a row).
 # Code generation vectorizes such a stage in runs of that many lanes, each one load broadcast: in whole
-# vectors its non-affine index loaded lane by lane (ResNeXt's 3x3 conv, 56x56x128 in 32 groups of 4,
-# one thread: 1355 us, 571 in runs of 4; PyTorch 910).
+# vectors its non-affine index loaded lane by lane (docs/design-notes.md#ops-lane_run).
 LANE_RUN = "roller.lane_run"
 
 

@@ -2,10 +2,8 @@
 TVM's fixed split, and a core that finishes early takes the last part of another's share.
 
 TVM's ``parallel`` loop gives each core one contiguous share of the grid, so the kernel takes as long as
-its slowest core. On a shared machine the cores do not run at one speed: on this project's VMs one
-vCPU ran 1.5x slower than the other for seconds at a time (a co-tenant on its host core; measured with a
-one-thread matmul pinned to each vCPU), and a two-core matmul with a fixed split then ran 1.5x slower,
-where PyTorch's (which balances) ran 1.2x slower.
+its slowest core. On a shared machine the cores do not run at one speed: a co-tenant on one vCPU's host
+core slows it for seconds at a time, and a fixed split waits for it (docs/design-notes.md#balance).
 
 Each core keeps its fixed share while the cores run at one speed: it finds its part of the tensors in
 its own caches at the next call (and the next kernel's), as the model assumes, and it prefetches its own
@@ -102,9 +100,8 @@ def balance_grid(func, units: int):
         if PARTITION_HINT in stmt.annotations:
             # a predicated axis's tail is split off this loop at lowering, which the stealing loop would
             # prevent (its bounds are loads the partition pass takes for invariants: wrong results when
-            # kept) and leave the bound in every tile: a predicated vector loop ran scalar (depthwise 5x5
-            # on 83x83x42 in 16-channel tiles: ~1 ms, 205 us split off), a predicated row kept its
-            # accumulators in memory (1x1 conv on 71x71x36: 130 us, 111 split off)
+            # kept) and leave the bound in every tile: a predicated vector loop ran scalar, a predicated
+            # row kept its accumulators in memory (docs/design-notes.md#balance-balance_grid)
             return None
         extent = stmt.extent.value
         state = tir.decl_buffer((1 + 2 * units,), "int32", f"grid_shares{len(states)}")  # lock, [lo, hi) a core

@@ -6,9 +6,9 @@ walks a block of weights once at a high rate, then reuses it from cache, and the
 4 KiB page. A prepacked input (``roller.plan.prepack``) stores each top tile as one block, in the order the
 kernel walks them, so the block the next iteration of the parallel grid loop reads is known: while a top
 tile computes, its loops issue ``prefetch`` (to L2) for that block, a few cache lines an iteration, spread
-evenly over the tile. Whole models, prefetch off / on, two threads, wall time, one process alternating
-(2026-11-25, load ~1.2): ResNet-50 32.09 / 30.85 ms, BERT 90.6 / 81.5 ms, MobileNetV2 3.46 / 3.48 ms (its
-14 MB of weights stay in cache); GPT-2 decode has no kernel it applies to (its GEMVs read each weight once).
+evenly over the tile. It pays where a model's weights outgrow the caches, not where they stay cached;
+GPT-2 decode has no kernel it applies to (its GEMVs read each weight once). Whole-model figures:
+docs/design-notes.md#prefetch.
 
 This edits the scheduled function (the schedule primitives have no prefetch), so it runs last and
 returns a new ``tvm.s_tir.Schedule`` of the edited module.
@@ -116,16 +116,13 @@ def _prefetch_stmt(realize, region, block_elems: int, loops, units, inner, line_
     walked = [lp for lp in inner if int(lp.extent) > 1]
     # Only a block the top tile reads more than once (some loop walks on without moving in it): a
     # stream read once (a GEMV's weights) is the hardware prefetchers' case, and a second stream beside
-    # it only competes for the bandwidth (GPT-2's GEMVs ran 8-40% slower).
+    # it only competes for the bandwidth (docs/design-notes.md#prefetch-prefetch_stmt).
     if all(not is_const(simplify(flat(stepped(lp)) - flat(iteration)), 0) for lp in walked):
         return None
     # The loops that carry the prefetches: any but the innermost, each of whose iterations runs at least
     # MIN_CARRIER_POINTS of the block's iterations, so that the prefetches' own instructions (an address,
-    # a bound) stay few beside the compute. In the loop right above the register tile they ran a matmul
-    # 2.4x slower; in one whose iterations ran 56 vector FMAs, a 1x1 convolution 16% slower. Kept out of
-    # every reduction loop instead, they came in bursts too long for the misses in flight (a 3x3
-    # convolution on 7x7x512: 83 lines every 4000 FMAs; weights from memory 1146 -> 1181 us, where
-    # spread into its reduction loops 959 us).
+    # a bound) stay few beside the compute; not kept out of the reduction loops either, or they come in
+    # bursts too long for the misses in flight (docs/design-notes.md#prefetch-prefetch_stmt).
     def points(lp):
         at_lp = next(i for i, x in enumerate(loops) if x.same_as(lp))
         return math.prod(int(x.extent) for x in loops[at_lp + 1:])

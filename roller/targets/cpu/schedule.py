@@ -58,8 +58,8 @@ class _AxisLoops:
 # lowering allocates every "local" buffer through TVMBackendAllocWorkspace, whatever its size, and LLVM
 # cannot keep a tile behind that call's pointer in registers; a default-scope ("global") buffer under
 # tails.STACK_ARRAY_BYTES becomes a stack array, which it can (larger ones still go through the workspace,
-# and the model charges them: tails.accumulator_tile names the tile). One thread, one A/B process:
-# depthwise 3x3 on 28x28x144, 7x16 accumulators: 22.3 -> 15.2 us.
+# and the model charges them: tails.accumulator_tile names the tile;
+# docs/design-notes.md#schedule-accumulator_scope).
 ACCUMULATOR_SCOPE = "global"
 
 
@@ -147,7 +147,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         # so a register tile keeps its vectors of partial sums in registers for all of it and the lanes are
         # summed once per output. Nested level by level instead, LLVM unrolls the short reduction loop above
         # the register tile and hoists the operand vectors that do not change across the next spatial loop,
-        # spilling them (bert fc1 nt, 4x4x16 register tile: 9.3 -> 6.1 ms).
+        # spilling them (docs/design-notes.md#schedule-schedule_cpu).
         order += [lp for l in range(nlev - 1, 0, -1) for lp in present([a.levels[l] for a in spatial])]
         order += [lp for l in range(nlev - 1, 0, -1) for lp in present([a.levels[l] for a in reduce])]
     else:
@@ -272,16 +272,16 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # not the register loops: unrolled, they must keep constant extents (a partitioned tail in a
             # fused grid loop would not be), and a bound on a non-vector axis there costs a branch only.
             # Nor the fused grid loop for a non-vector axis: splitting it (div/mod conditions) multiplied
-            # the code and the compile time (depthwise 5x5 on 83x83x42, tails on h, w, c: 4.5 -> 1.0 s a
-            # candidate, the kernel 5-12% slower); the vector axis's grid loop is held out of it for this.
+            # the code and the compile time (docs/design-notes.md#schedule-schedule_cpu); the vector axis's grid
+            # loop is held out of it for this.
             if a.kind == REDUCE:
                 loops = [a.grid] + a.levels[1:]
             elif a.grid is held and held is not None:
                 loops = [held] + a.levels[1:]
             else:
                 # The parallel grid loop itself only where nothing below it can carry the split: a split
-                # parallel loop runs its tail iteration after the parallel part, on one core (add_relu on
-                # 100x3001 in 4 top tiles over 2 cores: 76 us, 28 with the split left to the loops below)
+                # parallel loop runs its tail iteration after the parallel part, on one core
+                # (docs/design-notes.md#schedule-schedule_cpu)
                 inner = [lp for lp in a.levels[1:] if lp is not None]
                 loops = ([grid] if a.name == solo and not inner else []) + inner
             if a is rvec:  # the lanes of partial sums: its register loop's overhanging vectors split off too
@@ -295,7 +295,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         vext = _loop_extent(sch, vloop)
         if vext > lanes:
             # whole vectors; a tile wider than a short axis (84 channels in a 96-wide tile) keeps its
-            # overhang as a predicated last vector: vectorized whole, 84 lanes ran 16x slower
+            # overhang as a predicated last vector: vectorized whole, it runs far slower
+            # (docs/design-notes.md#schedule-schedule_cpu)
             outer, vloop = split_vectors(sch, vloop, lanes, tail_vector)
             sch.unroll(outer)
         if vext > 1:
@@ -304,8 +305,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                 # The partial last vector as a vector loop of its own (constant lanes, the loops above it
                 # split already): left in the whole vector loop, its bound made TVM emit it scalar and
                 # LLVM regather it into 8 + 2 lane pieces shuffled in and out of every accumulator
-                # (depthwise 5x5 on 83x83x42, 16-channel tiles, one thread: 539 -> 358 us; the same
-                # tiles on 48 channels ran 372).
+                # (docs/design-notes.md#schedule-schedule_cpu).
                 sch.annotate(vloop, PARTITION_HINT, 1)
     rolled = rolled_reduce_axes(expr, {a.name: a.sizes[0] for a in axes}, vname, lanes,
                                 device.private_levels[0].capacity_bytes // device.units.vector_bytes)
@@ -339,8 +339,8 @@ def _init_in_layout_order(sch, init, block) -> None:
     the accumulator) reordered into the order of the dimensions of the buffer it zeroes, the vector loop
     kept innermost. Left in the register tile's order, a large accumulator (a top tile's whole output
     region, where its reduction is split) is zeroed as many short rows: LLVM made each a 128-byte memset
-    and unrolled them all (3136 stores: 2.3-2.7 s of LLVM code generation for ResNet-50's 1x1 conv on
-    14x14x512 -> 1024, 0.3 s in buffer order, where the region became one memset)."""
+    and unrolled them all, where in buffer order the region becomes one memset
+    (docs/design-notes.md#schedule-init_in_layout_order)."""
     from tvm import tirx
     from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
@@ -448,13 +448,11 @@ def _block_transpose(sch, block, order: tuple[int, ...], lanes: int, in_register
     """Blocks a transposed copy (its loops in the new layout's order, see _transpose) so that it reads
     its source in runs of ``lanes`` contiguous elements: the loop over the source's contiguous dimension
     is split and its inner part goes innermost. Left in the new layout's order, the copy reads one element
-    per source row at a time, and source rows a power of two apart alias in the L1 sets (a 48 x 512 tile
-    of a [1000, 2048] weight: ~6 cycles an element, 3.5 ms of a 4 ms fc layer). Where both run over whole
-    vectors the copy goes in lanes x lanes blocks: a run of every source row of the tile at a time kept
-    hundreds of rows in flight (BERT fc1 in the [N, K] layout, 192-row tiles of B, one thread: 8.45 ms,
-    5.69 in 16 x 16 blocks; with 64-row tiles 5.95 -> 5.48). Returns whether it did (False: the copy keeps
-    fewer loops of its own than dimensions, e.g. rows of one element). The square blocks go in registers where
-    the plan says so (``in_registers``: ``RProgram.register_transposes``), and a BuildError says why where
+    per source row at a time, and source rows a power of two apart alias in the L1 sets. Where both run over
+    whole vectors the copy goes in lanes x lanes blocks: a run of every source row of the tile at a time kept
+    hundreds of rows in flight (docs/design-notes.md#schedule-block_transpose). Returns whether it did
+    (False: the copy keeps fewer loops of its own than dimensions, e.g. rows of one element). The square
+    blocks go in registers where the plan says so (``in_registers``: ``RProgram.register_transposes``), and a BuildError says why where
     they cannot."""
     name = sch.get(block).name_hint
 

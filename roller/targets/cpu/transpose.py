@@ -6,8 +6,8 @@ packed as ``[K, N]`` blocks) is blocked by ``cpu._block_transpose`` into square 
 source rows by ``lanes`` contiguous elements. Left to TVM, such a block loads a vector of each source row
 and scatters its lanes one scalar store each. Here the block becomes ``lanes`` vector loads, ``log2(lanes)``
 stages of two-input shuffles (row ``r`` with row ``r ^ b``: the classic butterfly, one ``vpermt2ps``-class
-instruction a vector a stage) and ``lanes`` contiguous vector stores. A [3072, 768] float32 transpose on
-one thread of this machine's AVX-512: 11.5 ms scattered, 1.5 ms shuffled.
+instruction a vector a stage) and ``lanes`` contiguous vector stores, several times faster than the
+scattered stores (docs/design-notes.md#transpose).
 
 The schedule primitives have no shuffle, so ``_block_transpose`` marks the block's outer loop
 (``mark``) and ``in_registers`` rewrites the marked loops of the scheduled function afterwards, in the

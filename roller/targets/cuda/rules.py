@@ -99,7 +99,7 @@ def warp_aligned(threads: int, device: Device) -> bool:
 
 
 # The register estimate, fitted to ptxas (sm_80) on roller's own kernels for 4096^3 matmul plans with
-# reduction steps of at most 32 (interleaved thread tiles): 8x8 -> 96 registers, 8x4 -> 56-64, 4x4 -> 40.
+# reduction steps of at most 32 (interleaved thread tiles; docs/design-notes.md#rules-register_estimate).
 # nvcc unrolls the step and keeps about FRAGMENT_STEPS steps of operand fragments in flight beside the
 # accumulators; REGISTER_OVERHEAD covers indices and addresses. A longer step uses more (208 for an 8x8 tile
 # with a 64-long step): the build checks ptxas's count (roller.targets.cuda.schedule.resource_problems).
