@@ -194,8 +194,11 @@ def _print_compile(r: dict) -> None:
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
     print(f"latency {_fmt_seconds(r['latency_seconds'])} (median), onnxruntime "
-          f"{_fmt_seconds(r['onnxruntime_latency_seconds'])}; max abs error {r['max_abs_error']:.3g}, "
-          f"matches onnxruntime (rtol=atol=1e-3 for float32): {'yes' if r['matches'] else 'NO'}")
+          f"{_fmt_seconds(r['onnxruntime_latency_seconds'])}")
+    tol = r["tolerance"]["tol_by_dtype"]["float32"]
+    err = {k: "-" if r[k] is None else f"{r[k]:.3g}" for k in ("max_abs_error", "max_rel_error")}
+    print(f"max abs error {err['max_abs_error']}, max rel error {err['max_rel_error']}; matches onnxruntime "
+          f"(max|error| <= {tol:g} x max|onnxruntime| per output for float32): {'yes' if r['matches'] else 'NO'}")
     if r.get("saved"):
         print(f"wrote {r['saved']['library']} and {r['saved']['report']}")
 

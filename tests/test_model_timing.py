@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from roller import timing
+from roller import frontend, timing
 
 
 class _Engine:
@@ -65,3 +65,29 @@ def test_warm_up_calls_a_slow_function_at_least_three_times(monkeypatch):
     engine = _Engine(1.0, 1.0, 0.0)
     monkeypatch.setattr(timing, "time", engine)
     assert timing.warm_up(engine, 0.2) == 1.0 and engine.now == 3.0
+
+
+def test_tiny_outputs_must_match_at_their_own_scale():
+    """Outputs ~1e-14 (a network with random weights) are compared at their scale: 3x the right answer
+    no longer matches (an absolute atol of 1e-3 passed it), float32 rounding still does."""
+    ref = (np.linspace(-1, 1, 64, dtype=np.float32) * 1e-14).reshape(8, 8)
+    wrong = frontend.compare([ref * 3], [ref])
+    assert not wrong["matches"] and wrong["max_rel_error"] == pytest.approx(2.0, rel=1e-5)
+    assert wrong["max_abs_error"] < 1e-13  # what an absolute tolerance looked at
+    close = frontend.compare([ref * np.float32(1 + 1e-6)], [ref])
+    assert close["matches"] and close["max_rel_error"] < 1e-5
+    # one output tiny and wrong, another large and right: no match
+    big = np.ones((3,), np.float32)
+    assert not frontend.compare([big, ref * 3], [big, ref])["matches"]
+
+
+def test_compare_scale_edges():
+    """A reference of zeros needs zeros; integer outputs must be equal; a NaN never matches."""
+    z = np.zeros((4,), np.float32)
+    assert frontend.compare([z], [z])["matches"]
+    assert not frontend.compare([z + 1e-30], [z])["matches"]
+    i = np.arange(4, dtype=np.int64)
+    assert frontend.compare([i], [i])["matches"] and not frontend.compare([i + 1], [i])["matches"]
+    nan = np.array([1.0, np.nan], np.float32)
+    res = frontend.compare([nan], [np.array([1.0, 2.0], np.float32)])
+    assert not res["matches"] and np.isnan(res["max_rel_error"])
