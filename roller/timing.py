@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 
 WARMUP_SECONDS = 0.2  # untimed calls right before each timed batch (see warm_up)
-WARMUP_SPEEDUP = 1.05  # the warm-up goes on while its last quarter ran this much faster than the one before
+WARMUP_SPEEDUP = 1.1  # the warm-up goes on while its last quarter ran this much faster than the one before
 
 
 def warm_up(fn: Callable[[], Any], seconds: float = WARMUP_SECONDS, min_calls: int = 3) -> float:

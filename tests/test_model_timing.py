@@ -55,10 +55,10 @@ def test_warm_up_goes_on_while_the_calls_speed_up(monkeypatch):
     engine = _Engine(4e-3, 1e-3, 0.3, ramp=True)
     monkeypatch.setattr(timing, "time", engine)
     assert timing.median_seconds(engine, target=0.05, repeats=3, warmup=0.2) == pytest.approx(1e-3)
-    engine = _Engine(4e-3, 1e-3, 0.5, ramp=True)
+    engine = _Engine(8e-3, 1e-3, 0.5, ramp=True)
     monkeypatch.setattr(timing, "time", engine)
     timing.warm_up(engine, 0.2)
-    assert 0.4 <= engine.now < 0.42  # eight quarters, each ending at its first call past 0.05 s
+    assert 0.4 <= engine.now < 0.45  # eight quarters, each ending at its first call past 0.05 s
 
 
 def test_warm_up_calls_a_slow_function_at_least_three_times(monkeypatch):
