@@ -13,23 +13,21 @@ WARMUP_SPEEDUP = 1.1  # the warm-up goes on while its last quarter ran this much
 
 
 def warm_up(fn: Callable[[], Any], seconds: float = WARMUP_SECONDS, min_calls: int = 3) -> float:
-    """Calls ``fn`` for ``seconds`` (and at least ``min_calls`` times), untimed but for the fastest call,
-    which it returns; it goes on, up to twice as long, while the calls are still getting faster (the
-    warm-up's last quarter more than WARMUP_SPEEDUP times faster than the quarter before).
+    """Calls ``fn`` for ``seconds`` (and at least ``min_calls`` times), in quarters, and returns the last
+    quarter's seconds per call; it goes on, up to twice as long, while the calls are still getting faster
+    (the last quarter more than WARMUP_SPEEDUP times faster than the one before).
 
     An engine called after a pause runs its first calls slower, for tens of milliseconds or longer:
     its thread pool's workers are asleep and must be woken (at every parallel section until they spin
     again), the cores may have been handed to other work or clocked down. A timed batch that starts
     right after the pause measures that instead of the engine."""
     quarter = seconds / 4
-    best, calls, means = math.inf, 0, []
+    calls, means = 0, []
     start = time.perf_counter()
     while True:
         t0, k = time.perf_counter(), 0
         while k < 1 or time.perf_counter() - t0 < quarter:
-            t = time.perf_counter()
             fn()
-            best = min(best, time.perf_counter() - t)
             k += 1
         means.append((time.perf_counter() - t0) / k)
         calls += k
@@ -37,19 +35,21 @@ def warm_up(fn: Callable[[], Any], seconds: float = WARMUP_SECONDS, min_calls: i
         if calls < min_calls or elapsed < seconds:
             continue
         if elapsed >= 2 * seconds or len(means) < 2 or means[-1] * WARMUP_SPEEDUP >= means[-2]:
-            return best
+            return means[-1]
 
 
 def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3,
                    warmup: float = WARMUP_SECONDS) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` timed batches of at least ~``target`` seconds
-    each (as many calls as the fastest warm-up call fits in ``target``, at least one), right after a
-    warm-up of ``max(warmup, target)`` seconds and at least 3 calls (:func:`warm_up`).
+    """Median seconds per call of ``fn`` over ``repeats`` timed batches of ~``target`` seconds each (as
+    many calls as fit in ``target`` at the warm-up's last speed, at least one), right after a warm-up of
+    ``max(warmup, target)`` seconds and at least 3 calls (:func:`warm_up`).
 
     The warm-up also takes first calls' JIT compilation, primitive caches (oneDNN) and page faults out
-    of the batches; sizing the batches from one of those would make each batch a single slow call."""
-    best = warm_up(fn, max(warmup, target))
-    number = max(1, int(target / max(best, 1e-7)))
+    of the batches; sizing the batches from one of those would make each batch a single slow call.
+    Sizing them from the fastest call instead made them up to 4x longer than ``target`` on a loaded
+    machine, where a few calls ran far faster than the rest."""
+    per_call = warm_up(fn, max(warmup, target))
+    number = max(1, math.ceil(target / max(per_call, 1e-7)))
     res = []
     for _ in range(repeats):
         t = time.perf_counter()
