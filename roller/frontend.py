@@ -28,16 +28,23 @@ import numpy as np
 from .device import Device, load_device
 from .errors import ModelError
 from .relax import PROFILE_BUDGET_SECONDS
-from .timing import time_alternately
+from .timing import paired_ratio, time_rounds
 
 # Model outputs against onnxruntime, per output: max|ours - theirs| <= tol * max|theirs|, tol by dtype (see
 # compare). Looser than a single kernel's check (roller.profile.TOLERANCE): a model chains dozens of
 # reductions whose summation order differs from onnxruntime's.
 MODEL_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 2e-2}
 TOLERANCE_RULE = "max|ours - onnxruntime| <= tol * max|onnxruntime| per output (tol by dtype; other dtypes: equal)"
-REPEATS = 7                 # timed repeats (median)
-TARGET_REPEAT_SECONDS = 0.02  # each repeat runs the model about this long
-# pause before each timed repeat: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
+# Timing (check_against_onnxruntime): ROUNDS rounds, each engine in turn in each round, each after a pause of
+# SETTLE_SECONDS, then a warm-up of WARMUP_SECONDS (roller.timing.warm_up), then one batch of calls of at
+# least TARGET_BATCH_SECONDS; medians over the rounds, and the paired ratio. Fewer rounds (not fewer than
+# MIN_ROUNDS) where ROUNDS would take over TIMING_BUDGET_SECONDS for a slow model.
+ROUNDS = 5
+TARGET_BATCH_SECONDS = 0.1
+WARMUP_SECONDS = 0.2
+MIN_ROUNDS = 3
+TIMING_BUDGET_SECONDS = 6.0
+# pause before each engine's turn: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
 # take the cores from whatever runs next (on 2 cores roller ran ~2x slower right after onnxruntime)
 SETTLE_SECONDS = 0.1
 
@@ -504,19 +511,46 @@ def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict
 
 
 def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
-                              repeats: int = REPEATS) -> dict:
+                              rounds: int | None = None) -> dict:
     """Runs ``cm`` and onnxruntime on the same random inputs: ``max_abs_error``, ``max_rel_error`` and
-    ``matches`` (:func:`compare`), and with ``time_it`` both latencies (median seconds, timed alternately
-    in this process)."""
+    ``matches`` (:func:`compare`), and with ``time_it`` both latencies and their ratio.
+
+    The timing: ``rounds`` rounds (default ROUNDS, fewer for a model so slow that they would take over
+    TIMING_BUDGET_SECONDS, never under MIN_ROUNDS), each timing roller, then onnxruntime, in this
+    process; each engine's turn starts with a pause of SETTLE_SECONDS (the other's thread pool stops
+    spinning), then WARMUP_SECONDS of untimed calls (:func:`roller.timing.warm_up`: after the pause its own
+    pool's first calls are slow), then one timed batch of at least TARGET_BATCH_SECONDS.
+    ``latency_seconds`` and ``onnxruntime_latency_seconds`` are the medians over the rounds, and
+    ``onnxruntime_over_roller`` the median over the rounds of the round's onnxruntime / roller ratio
+    (:func:`roller.timing.paired_ratio`; > 1: roller is faster)."""
     proto = load_onnx(model)
     feeds = cm.random_inputs(seed)
     sess = onnxruntime_session(proto, cm.device.units.count)
+    t = time.perf_counter()
     reference = sess.run(None, feeds)
-    result = compare(cm.run(feeds), reference)
+    first = time.perf_counter() - t
+    run = cm.run_fn(feeds)
+    t = time.perf_counter()
+    ours = outputs_to_numpy(run())
+    first = max(first, time.perf_counter() - t)
+    result = compare(ours, reference)
     if time_it:
-        times = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
-                                 rounds=repeats, target=TARGET_REPEAT_SECONDS, repeats=1, settle=SETTLE_SECONDS)
-        result["latency_seconds"] = times["roller"]
-        result["onnxruntime_latency_seconds"] = times["onnxruntime"]
+        if rounds is None:
+            rounds = timing_rounds(first)
+        times = time_rounds([("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))], rounds=rounds,
+                            target=TARGET_BATCH_SECONDS, repeats=1, settle=SETTLE_SECONDS, warmup=WARMUP_SECONDS)
+        result["latency_seconds"] = float(np.median(times["roller"]))
+        result["onnxruntime_latency_seconds"] = float(np.median(times["onnxruntime"]))
+        result["onnxruntime_over_roller"] = paired_ratio(times["onnxruntime"], times["roller"])
+        result["timing"] = {"rounds": rounds, "settle_seconds": SETTLE_SECONDS, "warmup_seconds": WARMUP_SECONDS,
+                            "batch_seconds": TARGET_BATCH_SECONDS}
     result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(MODEL_TOLERANCE)}
     return result
+
+
+def timing_rounds(call_seconds: float, engines: int = 2) -> int:
+    """Rounds for :func:`check_against_onnxruntime` when one call takes about ``call_seconds`` (a first
+    call: an overestimate): ROUNDS, or as many as fit in TIMING_BUDGET_SECONDS, not under MIN_ROUNDS.
+    A turn costs the pause, the warm-up (at least 3 calls) and the batch (at least one call)."""
+    turn = SETTLE_SECONDS + max(WARMUP_SECONDS, 3 * call_seconds) + max(TARGET_BATCH_SECONDS, call_seconds)
+    return max(MIN_ROUNDS, min(ROUNDS, int(TIMING_BUDGET_SECONDS / (engines * turn))))

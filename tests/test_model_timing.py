@@ -11,15 +11,12 @@ import pytest
 from roller import frontend, timing
 
 
-class _Engine:
-    """An engine whose first calls after a pause are slow, on a clock of its own that roller.timing reads in
-    place of time.perf_counter (monkeypatched): each call advances it by the call's duration, so that the
-    test neither waits nor depends on the machine's load. ``slow`` seconds a call for the first
-    ``seconds`` seconds (with ``ramp``, from ``slow`` down to ``fast`` over them), then ``fast``."""
+class _Clock:
+    """A clock that roller.timing reads in place of the time module (monkeypatched) and that the fake
+    engines advance by their calls' durations: the tests neither wait nor depend on the machine's load."""
 
-    def __init__(self, slow: float, fast: float, seconds: float, ramp: bool = False):
-        self.slow, self.fast, self.seconds, self.ramp = slow, fast, seconds, ramp
-        self.now, self.start = 0.0, None
+    def __init__(self):
+        self.now = 0.0
 
     def perf_counter(self) -> float:
         return self.now
@@ -27,24 +24,42 @@ class _Engine:
     def sleep(self, s: float) -> None:
         self.now += s
 
+
+class _Engine:
+    """An engine whose first calls are slow: ``slow`` seconds a call for the first ``seconds`` seconds
+    (with ``ramp``, from ``slow`` down to ``fast`` over them), then ``fast``; with ``after_pause``, again
+    after every pause longer than that (an engine's thread pool falling asleep when it is not called)."""
+
+    def __init__(self, slow: float, fast: float, seconds: float, ramp: bool = False,
+                 after_pause: float | None = None, clock: _Clock | None = None):
+        self.slow, self.fast, self.seconds, self.ramp, self.after_pause = slow, fast, seconds, ramp, after_pause
+        self.clock = clock or _Clock()
+        self.start = self.last = None
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
     def __call__(self) -> None:
-        if self.start is None:
-            self.start = self.now
-        age = self.now - self.start
+        c = self.clock
+        if self.start is None or (self.after_pause is not None and c.now - self.last > self.after_pause):
+            self.start = c.now
+        age = c.now - self.start
         if age >= self.seconds:
-            self.now += self.fast
+            c.now += self.fast
         else:
-            self.now += self.slow + (self.fast - self.slow) * age / self.seconds if self.ramp else self.slow
+            c.now += self.slow + (self.fast - self.slow) * age / self.seconds if self.ramp else self.slow
+        self.last = c.now
 
 
 def test_median_seconds_times_the_steady_state_after_slow_first_calls(monkeypatch):
     """Calls 4x slower for their first 0.1 s (an engine's thread pool waking after a pause): the warm-up
     takes them; a batch of 0.02 s after a warm-up of 0.02 s (the check's former method) measured them."""
     engine = _Engine(4e-3, 1e-3, 0.1)
-    monkeypatch.setattr(timing, "time", engine)
+    monkeypatch.setattr(timing, "time", engine.clock)
     assert timing.median_seconds(engine, target=0.05, repeats=3) == pytest.approx(1e-3)
     engine = _Engine(4e-3, 1e-3, 0.1)
-    monkeypatch.setattr(timing, "time", engine)
+    monkeypatch.setattr(timing, "time", engine.clock)
     assert timing.median_seconds(engine, target=0.02, repeats=1, warmup=0.0) == pytest.approx(4e-3)
 
 
@@ -53,18 +68,64 @@ def test_warm_up_goes_on_while_the_calls_speed_up(monkeypatch):
     while its last quarter is faster than the one before, and the batch sees the steady state; it stops
     at twice its length where the calls go on speeding up."""
     engine = _Engine(4e-3, 1e-3, 0.3, ramp=True)
-    monkeypatch.setattr(timing, "time", engine)
+    monkeypatch.setattr(timing, "time", engine.clock)
     assert timing.median_seconds(engine, target=0.05, repeats=3, warmup=0.2) == pytest.approx(1e-3)
     engine = _Engine(8e-3, 1e-3, 0.5, ramp=True)
-    monkeypatch.setattr(timing, "time", engine)
+    monkeypatch.setattr(timing, "time", engine.clock)
     timing.warm_up(engine, 0.2)
     assert 0.4 <= engine.now < 0.45  # eight quarters, each ending at its first call past 0.05 s
 
 
 def test_warm_up_calls_a_slow_function_at_least_three_times(monkeypatch):
     engine = _Engine(1.0, 1.0, 0.0)
-    monkeypatch.setattr(timing, "time", engine)
+    monkeypatch.setattr(timing, "time", engine.clock)
     assert timing.warm_up(engine, 0.2) == 1.0 and engine.now == 3.0
+
+
+class _Output:
+    def numpy(self):
+        return np.ones(4, np.float32)
+
+
+class _FakeModel:
+    """What check_against_onnxruntime reads of a CompiledModel, running a fake engine."""
+
+    def __init__(self, engine: _Engine):
+        self.engine = engine
+        self.device = type("D", (), {"units": type("U", (), {"count": 2})()})()
+
+    def random_inputs(self, seed: int = 0) -> dict:
+        return {}
+
+    def run_fn(self, feeds):
+        return lambda: (self.engine(), _Output())[1]
+
+    def run(self, feeds):
+        return [self.run_fn(feeds)().numpy()]
+
+
+def test_check_times_each_engine_after_its_warm_up(monkeypatch):
+    """check_against_onnxruntime against two fake engines, each 4x slower (onnxruntime) or 2x slower
+    (roller) for 0.1 s after every pause of over 50 ms: both latencies are the steady 1 ms and the paired
+    ratio 1. The check's former constants (a 0.02 s warm-up, then a 0.02 s batch, 7 rounds) reported
+    onnxruntime at 4 ms here."""
+    clock = _Clock()
+    ours = _Engine(2e-3, 1e-3, 0.1, after_pause=0.05, clock=clock)
+    theirs = _Engine(4e-3, 1e-3, 0.1, after_pause=0.05, clock=clock)
+
+    class Session:
+        def run(self, names, feeds):
+            theirs()
+            return [np.ones(4, np.float32)]
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
+    monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
+    check = frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx")
+    assert check["matches"]
+    assert check["onnxruntime_latency_seconds"] == pytest.approx(1e-3, rel=0.01)
+    assert check["latency_seconds"] == pytest.approx(1e-3, rel=0.01)
+    assert check["onnxruntime_over_roller"] == pytest.approx(1.0, rel=0.01)
 
 
 def test_tiny_outputs_must_match_at_their_own_scale():
@@ -91,3 +152,44 @@ def test_compare_scale_edges():
     nan = np.array([1.0, np.nan], np.float32)
     res = frontend.compare([nan], [np.array([1.0, 2.0], np.float32)])
     assert not res["matches"] and np.isnan(res["max_rel_error"])
+
+
+def _steady_seconds(fn, warmup: float = 0.5, batch: float = 0.1, batches: int = 5) -> float:
+    """Seconds per call of ``fn`` in a steady loop: a pause (no other thread pool spinning), ``warmup``
+    seconds of calls, then the median of ``batches`` back-to-back batches of ~``batch`` seconds."""
+    time.sleep(timing.SETTLE_SECONDS)
+    n, start = 0, time.perf_counter()
+    while n < 3 or time.perf_counter() - start < warmup:
+        fn()
+        n += 1
+    number = max(1, int(batch * n / (time.perf_counter() - start)))
+    res = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        res.append((time.perf_counter() - t) / number)
+    return statistics.median(res)
+
+
+@pytest.mark.build
+def test_onnxruntime_latency_in_the_report_is_its_steady_speed():
+    """The onnxruntime figure of the check is within 1.3x of onnxruntime timed alone in a steady loop, in
+    this process, on its own session, with roller's VM idle. The alone figure is taken before and after
+    the check, and the check's figure must fall within 1.3x of that bracket (the machine's speed may move
+    between the two)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import onnx_models  # tests/ is on sys.path under pytest
+
+    import roller
+    model = onnx_models.small_cnn(size=96, channels=32)  # ~0.3-0.5 ms on 2 cores
+    cm = roller.compile_model(model, profile=False)
+    feeds = cm.random_inputs(0)
+    sess = frontend.onnxruntime_session(model, cm.device.units.count)
+    alone = [_steady_seconds(lambda: sess.run(None, feeds))]
+    check = frontend.check_against_onnxruntime(cm, model, time_it=True)
+    alone.append(_steady_seconds(lambda: sess.run(None, feeds)))
+    ort = check["onnxruntime_latency_seconds"]
+    assert check["matches"], check
+    assert min(alone) / 1.3 <= ort <= 1.3 * max(alone), (ort, alone)
