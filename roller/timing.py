@@ -7,7 +7,6 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-
 WARMUP_SECONDS = 0.2  # untimed calls right before each timed batch (see warm_up)
 WARMUP_SPEEDUP = 1.1  # the warm-up goes on while its last quarter ran this much faster than the one before
 
