@@ -510,8 +510,32 @@ def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict
     return {"max_abs_error": err, "max_rel_error": rel, "matches": ok}
 
 
+def openvino_runner(proto, threads: int):
+    """OpenVINO's CPU plugin as a second peer beside onnxruntime, optional: None where ``openvino`` is not
+    importable (it is no dependency of roller). Returns a function of the feeds that gives a no-argument
+    callable running the model once (outputs as numpy arrays, in the model's order), compiled from the
+    ONNX bytes with ``threads`` inference threads (the device's cores, as roller's and onnxruntime's),
+    PERFORMANCE_HINT LATENCY and float32 inference precision."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(proto.SerializeToString()), "CPU",
+                                  {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+                                   "INFERENCE_PRECISION_HINT": "f32"})
+    request, outputs = compiled.create_infer_request(), list(compiled.outputs)
+
+    def bind(feeds):
+        def call():
+            res = request.infer(feeds, share_inputs=True)  # outputs copied out, as onnxruntime returns new arrays
+            return [np.asarray(res[o]) for o in outputs]
+        return call
+    return bind
+
+
 def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
-                              rounds: int | None = None) -> dict:
+                              rounds: int | None = None, openvino: bool = True) -> dict:
     """Runs ``cm`` and onnxruntime on the same random inputs: ``max_abs_error``, ``max_rel_error`` and
     ``matches`` (:func:`compare`), and with ``time_it`` both latencies and their ratio.
 
@@ -522,26 +546,55 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
     pool's first calls are slow), then one timed batch of at least TARGET_BATCH_SECONDS.
     ``latency_seconds`` and ``onnxruntime_latency_seconds`` are the medians over the rounds, and
     ``onnxruntime_over_roller`` the median over the rounds of the round's onnxruntime / roller ratio
-    (:func:`roller.timing.paired_ratio`; > 1: roller is faster)."""
+    (:func:`roller.timing.paired_ratio`; > 1: roller is faster).
+
+    With ``openvino`` and the ``openvino`` package importable, OpenVINO (:func:`openvino_runner`) is a
+    second peer, timed in the same rounds after onnxruntime where its outputs match onnxruntime's
+    (``openvino_matches``, ``openvino_max_rel_error``): ``openvino_latency_seconds``,
+    ``openvino_over_roller``; one that fails to compile gives ``openvino_error`` instead. ``peers`` names
+    the peers timed and ``fastest_peer`` the one of lowest median latency."""
     proto = load_onnx(model)
     feeds = cm.random_inputs(seed)
     sess = onnxruntime_session(proto, cm.device.units.count)
-    t = time.perf_counter()
     reference = sess.run(None, feeds)
-    first = time.perf_counter() - t
     run = cm.run_fn(feeds)
-    t = time.perf_counter()
-    ours = outputs_to_numpy(run())
-    first = max(first, time.perf_counter() - t)
-    result = compare(ours, reference)
+    result = compare(outputs_to_numpy(run()), reference)
+    impls = [("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))]
+    if openvino and time_it:
+        ov_call = None
+        try:
+            bind = openvino_runner(proto, cm.device.units.count)
+            if bind is not None:
+                ov_call = bind(feeds)
+                theirs = ov_call()
+        except Exception as e:  # noqa: BLE001  (an optional peer that fails is left out, and says why)
+            result["openvino_error"] = f"{type(e).__name__}: {e}"[:500]
+            ov_call = None
+        if ov_call is not None:
+            ov_check = compare(theirs, reference)
+            result["openvino_matches"] = ov_check["matches"]
+            result["openvino_max_rel_error"] = ov_check["max_rel_error"]
+            if ov_check["matches"]:
+                impls.append(("openvino", ov_call))
+            else:
+                result["openvino_error"] = "its outputs differ from onnxruntime's: not timed"
     if time_it:
-        if rounds is None:
-            rounds = timing_rounds(first)
-        times = time_rounds([("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))], rounds=rounds,
-                            target=TARGET_BATCH_SECONDS, repeats=1, settle=SETTLE_SECONDS, warmup=WARMUP_SECONDS)
+        if rounds is None:  # from each engine's second call (the first pays for allocations)
+            seconds = []
+            for _, fn in impls:
+                t = time.perf_counter()
+                fn()
+                seconds.append(time.perf_counter() - t)
+            rounds = timing_rounds(max(seconds), len(impls))
+        times = time_rounds(impls, rounds=rounds, target=TARGET_BATCH_SECONDS, repeats=1, settle=SETTLE_SECONDS,
+                            warmup=WARMUP_SECONDS)
         result["latency_seconds"] = float(np.median(times["roller"]))
-        result["onnxruntime_latency_seconds"] = float(np.median(times["onnxruntime"]))
-        result["onnxruntime_over_roller"] = paired_ratio(times["onnxruntime"], times["roller"])
+        peers = [name for name, _ in impls[1:]]
+        for name in peers:
+            result[f"{name}_latency_seconds"] = float(np.median(times[name]))
+            result[f"{name}_over_roller"] = paired_ratio(times[name], times["roller"])
+        result["peers"] = peers
+        result["fastest_peer"] = min(peers, key=lambda n: result[f"{n}_latency_seconds"])
         result["timing"] = {"rounds": rounds, "settle_seconds": SETTLE_SECONDS, "warmup_seconds": WARMUP_SECONDS,
                             "batch_seconds": TARGET_BATCH_SECONDS}
     result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(MODEL_TOLERANCE)}
@@ -549,8 +602,8 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
 
 
 def timing_rounds(call_seconds: float, engines: int = 2) -> int:
-    """Rounds for :func:`check_against_onnxruntime` when one call takes about ``call_seconds`` (a first
-    call: an overestimate): ROUNDS, or as many as fit in TIMING_BUDGET_SECONDS, not under MIN_ROUNDS.
+    """Rounds for :func:`check_against_onnxruntime` when one call of the slowest engine takes about
+    ``call_seconds``: ROUNDS, or as many as fit in TIMING_BUDGET_SECONDS, not under MIN_ROUNDS.
     A turn costs the pause, the warm-up (at least 3 calls) and the batch (at least one call)."""
     turn = SETTLE_SECONDS + max(WARMUP_SECONDS, 3 * call_seconds) + max(TARGET_BATCH_SECONDS, call_seconds)
-    return max(MIN_ROUNDS, min(ROUNDS, int(TIMING_BUDGET_SECONDS / (engines * turn))))
+    return max(MIN_ROUNDS, min(ROUNDS, int(TIMING_BUDGET_SECONDS / (engines * turn) + 1e-9)))

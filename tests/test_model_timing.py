@@ -121,11 +121,79 @@ def test_check_times_each_engine_after_its_warm_up(monkeypatch):
     monkeypatch.setattr(timing, "time", clock)
     monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
     monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
-    check = frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx")
+    check = frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx", openvino=False)
     assert check["matches"]
     assert check["onnxruntime_latency_seconds"] == pytest.approx(1e-3, rel=0.01)
     assert check["latency_seconds"] == pytest.approx(1e-3, rel=0.01)
     assert check["onnxruntime_over_roller"] == pytest.approx(1.0, rel=0.01)
+    assert check["peers"] == ["onnxruntime"] and check["fastest_peer"] == "onnxruntime"
+
+
+def _fake_peers(monkeypatch, openvino_runner):
+    """roller at 2 ms and onnxruntime at 1 ms on a fake clock; OpenVINO from ``openvino_runner(clock)``."""
+    clock = _Clock()
+    ours = _Engine(2e-3, 2e-3, 0.0, clock=clock)
+    theirs = _Engine(1e-3, 1e-3, 0.0, clock=clock)
+
+    class Session:
+        def run(self, names, feeds):
+            theirs()
+            return [np.ones(4, np.float32)]
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
+    monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
+    monkeypatch.setattr(frontend, "openvino_runner", openvino_runner(clock))
+    return frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx")
+
+
+def test_openvino_is_a_second_peer_where_it_runs(monkeypatch):
+    """A peer at 0.5 ms: timed in the same rounds, the fastest peer; ratios paired per round."""
+    def runner(clock):
+        def call():
+            clock.now += 0.5e-3
+            return [np.ones(4, np.float32)]
+        return lambda proto, threads: lambda feeds: call
+
+    check = _fake_peers(monkeypatch, runner)
+    assert check["peers"] == ["onnxruntime", "openvino"] and check["fastest_peer"] == "openvino"
+    assert check["openvino_matches"] and check["openvino_latency_seconds"] == pytest.approx(0.5e-3, rel=0.01)
+    assert check["openvino_over_roller"] == pytest.approx(0.25, rel=0.01)
+    assert check["onnxruntime_over_roller"] == pytest.approx(0.5, rel=0.01)
+
+
+def test_openvino_that_fails_or_disagrees_is_left_out(monkeypatch):
+    def fails(proto, threads):
+        raise RuntimeError("Unsupported operator: Foo")
+    check = _fake_peers(monkeypatch, lambda clock: fails)
+    assert check["peers"] == ["onnxruntime"] and "Unsupported operator" in check["openvino_error"]
+
+    wrong = lambda proto, threads: lambda feeds: lambda: [np.zeros(4, np.float32)]
+    check = _fake_peers(monkeypatch, lambda clock: wrong)
+    assert check["peers"] == ["onnxruntime"] and check["openvino_matches"] is False
+    assert "differ" in check["openvino_error"]
+
+    check = _fake_peers(monkeypatch, lambda clock: lambda proto, threads: None)  # not importable
+    assert check["peers"] == ["onnxruntime"] and "openvino_error" not in check
+
+
+@pytest.mark.build
+def test_openvino_peer_on_a_real_model():
+    """Where openvino is installed (it is no dependency of roller, nor of its tests): OpenVINO compiles the
+    small CNN from its ONNX bytes, matches onnxruntime and is timed as a peer."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
+    import onnx_models  # tests/ is on sys.path under pytest
+
+    import roller
+
+    model = onnx_models.small_cnn()
+    cm = roller.compile_model(model, profile=False)
+    check = frontend.check_against_onnxruntime(cm, model, rounds=3)
+    assert check["matches"] and check["openvino_matches"], check
+    assert check["peers"] == ["onnxruntime", "openvino"] and check["openvino_latency_seconds"] > 0
+    assert check["fastest_peer"] in check["peers"]
 
 
 def test_tiny_outputs_must_match_at_their_own_scale():
