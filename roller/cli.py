@@ -196,9 +196,20 @@ def _print_compile(r: dict) -> None:
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
-    print(f"latency {_fmt_seconds(r['latency_seconds'])} (median), onnxruntime "
-          f"{_fmt_seconds(r['onnxruntime_latency_seconds'])}; max abs error {r['max_abs_error']:.3g}, "
-          f"matches onnxruntime (rtol=atol=1e-3 for float32): {'yes' if r['matches'] else 'NO'}")
+    peers = []
+    for peer in r.get("peers", ["onnxruntime"]):
+        ratio = r[f"{peer}_over_roller"]
+        verdict = f"roller is {ratio:.2f}x faster" if ratio >= 1 else f"roller is {1 / ratio:.2f}x slower"
+        peers.append(f"{peer} {_fmt_seconds(r[f'{peer}_latency_seconds'])}: {verdict}")
+    fastest = f"; fastest peer {r['fastest_peer']}" if len(peers) > 1 else ""
+    print(f"latency {_fmt_seconds(r['latency_seconds'])}, " + ", ".join(peers)
+          + f" (medians and paired ratios of {r['timing']['rounds']} alternating rounds{fastest})")
+    if r.get("openvino_error"):
+        print(f"openvino: {r['openvino_error']}")
+    tol = r["tolerance"]["tol_by_dtype"]["float32"]
+    err = {k: "-" if r[k] is None else f"{r[k]:.3g}" for k in ("max_abs_error", "max_rel_error")}
+    print(f"max abs error {err['max_abs_error']}, max rel error {err['max_rel_error']}; matches onnxruntime "
+          f"(max|error| <= {tol:g} x max|onnxruntime| per output for float32): {'yes' if r['matches'] else 'NO'}")
     if r.get("saved"):
         print(f"wrote {r['saved']['library']} and {r['saved']['report']}")
 

@@ -563,7 +563,7 @@ def test_cli_json_and_library(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert rc == 0
     for key in ("model", "device", "compile_seconds", "latency_seconds", "onnxruntime_latency_seconds",
-                "max_abs_error", "matches", "functions"):
+                "onnxruntime_over_roller", "max_abs_error", "max_rel_error", "matches", "functions"):
         assert key in report, key
     assert report["matches"] is True and report["latency_seconds"] > 0 and report["onnxruntime_latency_seconds"] > 0
     assert all({"name", "scheduled_by", "seconds"} <= set(f) for f in report["functions"])
@@ -584,6 +584,7 @@ def test_cli_symbolic_input_given(tmp_path, capsys):
     assert cli.main(["compile", str(path), "--input", "x=3x8", "--no-profile"]) == 0
     out = capsys.readouterr().out
     assert "matches onnxruntime" in out and "yes" in out
+    assert "x faster" in out or "x slower" in out  # which engine was faster, by how much
 
 
 def _bad_models(tmp_path):

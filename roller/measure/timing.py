@@ -7,20 +7,48 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
+WARMUP_SECONDS = 0.2  # untimed calls right before each timed batch (see warm_up)
+WARMUP_SPEEDUP = 1.1  # the warm-up goes on while its last quarter ran this much faster than the one before
 
-def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` timed batches of ~``target`` seconds each.
 
-    A warm-up of ~``target`` seconds (at least 3 calls) comes first: first calls pay for JIT compilation,
-    primitive caches (oneDNN) and page faults, and sizing the batches from one of those would make
-    each batch a single slow call."""
-    best, n, end = math.inf, 0, time.perf_counter() + target
-    while n < 3 or time.perf_counter() < end:
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-        n += 1
-    number = max(1, int(target / max(best, 1e-7)))
+def warm_up(fn: Callable[[], Any], seconds: float = WARMUP_SECONDS, min_calls: int = 3) -> float:
+    """Calls ``fn`` for ``seconds`` (and at least ``min_calls`` times), in quarters, and returns the last
+    quarter's seconds per call; it goes on, up to twice as long, while the calls are still getting faster
+    (the last quarter more than WARMUP_SPEEDUP times faster than the one before).
+
+    An engine called after a pause runs its first calls slower, for tens of milliseconds or longer:
+    its thread pool's workers are asleep and must be woken (at every parallel section until they spin
+    again), the cores may have been handed to other work or clocked down. A timed batch that starts
+    right after the pause measures that instead of the engine."""
+    quarter = seconds / 4
+    calls, means = 0, []
+    start = time.perf_counter()
+    while True:
+        t0, k = time.perf_counter(), 0
+        while k < 1 or time.perf_counter() - t0 < quarter:
+            fn()
+            k += 1
+        means.append((time.perf_counter() - t0) / k)
+        calls += k
+        elapsed = time.perf_counter() - start
+        if calls < min_calls or elapsed < seconds:
+            continue
+        if elapsed >= 2 * seconds or len(means) < 2 or means[-1] * WARMUP_SPEEDUP >= means[-2]:
+            return means[-1]
+
+
+def median_seconds(fn: Callable[[], Any], target: float = 0.05, repeats: int = 3,
+                   warmup: float = WARMUP_SECONDS) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` timed batches of ~``target`` seconds each (as
+    many calls as fit in ``target`` at the warm-up's last speed, at least one), right after a warm-up of
+    ``max(warmup, target)`` seconds and at least 3 calls (:func:`warm_up`).
+
+    The warm-up also takes first calls' JIT compilation, primitive caches (oneDNN) and page faults out
+    of the batches; sizing the batches from one of those would make each batch a single slow call.
+    Sizing them from the fastest call instead made them up to 4x longer than ``target`` on a loaded
+    machine, where a few calls ran far faster than the rest."""
+    per_call = warm_up(fn, max(warmup, target))
+    number = max(1, math.ceil(target / max(per_call, 1e-7)))
     res = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -35,13 +63,15 @@ SETTLE_SECONDS = 0.25  # pause before timing the next implementation (see time_a
 
 def time_rounds(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
                 repeats: int = 3, settle: float = SETTLE_SECONDS,
-                measure: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, list[float]]:
+                measure: Callable[[Callable[[], Any]], float] | None = None,
+                warmup: float = WARMUP_SECONDS) -> dict[str, list[float]]:
     """Seconds per call of each (name, fn) in each of ``rounds`` rounds, every implementation timed in turn
     in each round, this process; see :func:`time_alternately` for why. ``measure(fn)`` times one (default:
-    :func:`median_seconds` with ``target`` and ``repeats``; the scripts pass a thread-CPU-time one)."""
+    :func:`median_seconds` with ``target``, ``repeats`` and ``warmup``, so that each implementation is
+    warmed up right before its own batches; the scripts pass a thread-CPU-time one)."""
     if measure is None:
         def measure(fn):
-            return median_seconds(fn, target, repeats)
+            return median_seconds(fn, target, repeats, warmup)
     times: dict[str, list[float]] = {name: [] for name, _ in impls}
     for _ in range(rounds):
         for name, fn in impls:
@@ -53,7 +83,8 @@ def time_rounds(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5,
 
 def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int = 5, target: float = 0.05,
                      repeats: int = 3, settle: float = SETTLE_SECONDS,
-                     measure: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, float]:
+                     measure: Callable[[Callable[[], Any]], float] | None = None,
+                     warmup: float = WARMUP_SECONDS) -> dict[str, float]:
     """Median seconds per call of each (name, fn), timed in turn ``rounds`` times in this process.
 
     Alternating (rather than timing one implementation, then the next) exposes every implementation to
@@ -61,8 +92,10 @@ def time_alternately(impls: Sequence[tuple[str, Callable[[], Any]]], rounds: int
     after the previous one: a thread pool keeps its threads spinning for a while after its last call
     (PyTorch's OpenMP, OpenBLAS, TVM's own pool) and steals the cores from whatever runs next: measured
     here, roller's conv2d 56x56x64 ran at 1.59 ms right after PyTorch's conv and 1.15 ms after a pause
-    (and PyTorch with OMP_WAIT_POLICY=PASSIVE 2x slower, so the pause, not a passive policy, is fair)."""
-    times = time_rounds(impls, rounds, target, repeats, settle, measure)
+    (and PyTorch with OMP_WAIT_POLICY=PASSIVE 2x slower, so the pause, not a passive policy, is fair).
+    After the pause each implementation is warmed up again (``warmup`` seconds, :func:`warm_up`) before
+    its timed batches: the pause leaves its own thread pool asleep too."""
+    times = time_rounds(impls, rounds, target, repeats, settle, measure, warmup)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

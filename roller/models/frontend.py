@@ -25,20 +25,28 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from roller.device.spec import Device
 from roller.device.load import load_device
+from roller.device.spec import Device
 from roller.errors import ModelError
+from roller.measure.timing import paired_ratio, time_rounds
 from roller.models.relax_pass import PROFILE_BUDGET_SECONDS
 from roller.models.relax_steps import build_module, legalize_and_fuse, random_arrays, relax_inputs
-from roller.measure.timing import time_alternately
 
-# Model outputs against onnxruntime: np.allclose(ours, theirs, rtol, atol) per output, by dtype. Looser
-# than a single kernel's check (roller.builder.farm.TOLERANCE): a model chains dozens of reductions whose
-# summation order differs from onnxruntime's.
-MODEL_TOLERANCE = {"float64": (1e-6, 1e-6), "float32": (1e-3, 1e-3), "float16": (2e-2, 2e-2)}
-REPEATS = 7                 # timed repeats (median)
-TARGET_REPEAT_SECONDS = 0.02  # each repeat runs the model about this long
-# pause before each timed repeat: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
+# Model outputs against onnxruntime, per output: max|ours - theirs| <= tol * max|theirs|, tol by dtype (see
+# compare). Looser than a single kernel's check (roller.measure.verify.TOLERANCE): a model chains dozens of
+# reductions whose summation order differs from onnxruntime's.
+MODEL_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 2e-2}
+TOLERANCE_RULE = "max|ours - onnxruntime| <= tol * max|onnxruntime| per output (tol by dtype; other dtypes: equal)"
+# Timing (check_against_onnxruntime): ROUNDS rounds, each engine in turn in each round, each after a pause of
+# SETTLE_SECONDS, then a warm-up of WARMUP_SECONDS (roller.measure.timing.warm_up), then one batch of calls of at
+# least TARGET_BATCH_SECONDS; medians over the rounds, and the paired ratio. Fewer rounds (not fewer than
+# MIN_ROUNDS) where ROUNDS would take over TIMING_BUDGET_SECONDS for a slow model.
+ROUNDS = 5
+TARGET_BATCH_SECONDS = 0.1
+WARMUP_SECONDS = 0.2
+MIN_ROUNDS = 3
+TIMING_BUDGET_SECONDS = 6.0
+# pause before each engine's turn: thread pools (onnxruntime's, TVM's) spin-wait after their last call and
 # take the cores from whatever runs next (on 2 cores roller ran ~2x slower right after onnxruntime)
 SETTLE_SECONDS = 0.1
 
@@ -396,35 +404,129 @@ def onnxruntime_session(proto, threads: int):
 
 
 def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict:
-    """max_abs_error and whether every output is within MODEL_TOLERANCE of the reference."""
+    """Our outputs against the reference's: ``matches`` when every output is within MODEL_TOLERANCE of
+    the reference at the reference's own scale (TOLERANCE_RULE): max|ours - reference| <= tol *
+    max|reference|, tol by the reference's dtype (other dtypes, integers and booleans: equal). An
+    absolute tolerance would pass anything where a network's outputs are tiny (random weights can give
+    outputs ~1e-14, under any fixed atol). Also ``max_abs_error`` (the largest |ours - reference|) and
+    ``max_rel_error``, the figure the rule bounds: over the outputs, the largest max|ours - reference| /
+    max|reference| (a reference of zeros divides by the dtype's smallest normal number instead)."""
     if len(ours) != len(reference):
-        return {"max_abs_error": None, "matches": False,
+        return {"max_abs_error": None, "max_rel_error": None, "matches": False,
                 "detail": f"{len(ours)} outputs against the reference's {len(reference)}"}
-    err, ok = 0.0, True
+    err, rel, ok = 0.0, 0.0, True
     for a, b in zip(ours, reference):
-        b = np.asarray(b)
+        a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
-            return {"max_abs_error": None, "matches": False, "detail": f"shape {a.shape} against {b.shape}"}
-        rtol, atol = MODEL_TOLERANCE.get(str(b.dtype), (0, 0))
-        if a.size:
-            err = max(err, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
-        ok = ok and bool(np.allclose(a, b, rtol=rtol, atol=atol))
-    return {"max_abs_error": err, "matches": ok}
+            return {"max_abs_error": None, "max_rel_error": None, "matches": False,
+                    "detail": f"shape {a.shape} against {b.shape}"}
+        if not a.size:
+            continue
+        tol = MODEL_TOLERANCE.get(str(b.dtype), 0.0)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        e = float(np.max(np.abs(a64 - b64)))
+        scale = float(np.max(np.abs(b64)))
+        tiny = float(np.finfo(b.dtype).tiny) if np.issubdtype(b.dtype, np.floating) else 1.0
+        r = e / max(scale, tiny)
+        err, rel = float(np.maximum(err, e)), float(np.maximum(rel, r))  # a NaN stays NaN
+        ok = ok and bool(r <= tol)  # False for a NaN
+    return {"max_abs_error": err, "max_rel_error": rel, "matches": ok}
+
+
+def openvino_runner(proto, threads: int):
+    """OpenVINO's CPU plugin as a second peer beside onnxruntime, optional: None where ``openvino`` is not
+    importable (it is no dependency of roller). Returns a function of the feeds that gives a no-argument
+    callable running the model once (outputs as numpy arrays, in the model's order), compiled from the
+    ONNX bytes with ``threads`` inference threads (the device's cores, as roller's and onnxruntime's),
+    PERFORMANCE_HINT LATENCY and float32 inference precision."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(proto.SerializeToString()), "CPU",
+                                  {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+                                   "INFERENCE_PRECISION_HINT": "f32"})
+    request, outputs = compiled.create_infer_request(), list(compiled.outputs)
+
+    def bind(feeds):
+        def call():
+            res = request.infer(feeds, share_inputs=True)  # outputs copied out, as onnxruntime returns new arrays
+            return [np.asarray(res[o]) for o in outputs]
+        return call
+    return bind
 
 
 def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: bool = True,
-                              repeats: int = REPEATS) -> dict:
-    """Runs ``cm`` and onnxruntime on the same random inputs: max_abs_error, matches (MODEL_TOLERANCE),
-    and with ``time_it`` both latencies (median seconds, timed alternately in this process)."""
+                              rounds: int | None = None, openvino: bool = True) -> dict:
+    """Runs ``cm`` and onnxruntime on the same random inputs: ``max_abs_error``, ``max_rel_error`` and
+    ``matches`` (:func:`compare`), and with ``time_it`` both latencies and their ratio.
+
+    The timing: ``rounds`` rounds (default ROUNDS, fewer for a model so slow that they would take over
+    TIMING_BUDGET_SECONDS, never under MIN_ROUNDS), each timing roller, then onnxruntime, in this
+    process; each engine's turn starts with a pause of SETTLE_SECONDS (the other's thread pool stops
+    spinning), then WARMUP_SECONDS of untimed calls (:func:`roller.measure.timing.warm_up`: after the pause its own
+    pool's first calls are slow), then one timed batch of at least TARGET_BATCH_SECONDS.
+    ``latency_seconds`` and ``onnxruntime_latency_seconds`` are the medians over the rounds, and
+    ``onnxruntime_over_roller`` the median over the rounds of the round's onnxruntime / roller ratio
+    (:func:`roller.measure.timing.paired_ratio`; > 1: roller is faster).
+
+    With ``openvino`` and the ``openvino`` package importable, OpenVINO (:func:`openvino_runner`) is a
+    second peer, timed in the same rounds after onnxruntime where its outputs match onnxruntime's
+    (``openvino_matches``, ``openvino_max_rel_error``): ``openvino_latency_seconds``,
+    ``openvino_over_roller``; one that fails to compile gives ``openvino_error`` instead. ``peers`` names
+    the peers timed and ``fastest_peer`` the one of lowest median latency."""
     proto = load_onnx(model)
     feeds = cm.random_inputs(seed)
     sess = onnxruntime_session(proto, cm.device.units.count)
     reference = sess.run(None, feeds)
-    result = compare(cm.run(feeds), reference)
+    run = cm.run_fn(feeds)
+    result = compare(outputs_to_numpy(run()), reference)
+    impls = [("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))]
+    if openvino and time_it:
+        ov_call = None
+        try:
+            bind = openvino_runner(proto, cm.device.units.count)
+            if bind is not None:
+                ov_call = bind(feeds)
+                theirs = ov_call()
+        except Exception as e:  # noqa: BLE001  (an optional peer that fails is left out, and says why)
+            result["openvino_error"] = f"{type(e).__name__}: {e}"[:500]
+            ov_call = None
+        if ov_call is not None:
+            ov_check = compare(theirs, reference)
+            result["openvino_matches"] = ov_check["matches"]
+            result["openvino_max_rel_error"] = ov_check["max_rel_error"]
+            if ov_check["matches"]:
+                impls.append(("openvino", ov_call))
+            else:
+                result["openvino_error"] = "its outputs differ from onnxruntime's: not timed"
     if time_it:
-        times = time_alternately([("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))],
-                                 rounds=repeats, target=TARGET_REPEAT_SECONDS, repeats=1, settle=SETTLE_SECONDS)
-        result["latency_seconds"] = times["roller"]
-        result["onnxruntime_latency_seconds"] = times["onnxruntime"]
-    result["tolerance"] = {"rtol_atol_by_dtype": {k: list(v) for k, v in MODEL_TOLERANCE.items()}}
+        if rounds is None:  # from each engine's second call (the first pays for allocations)
+            seconds = []
+            for _, fn in impls:
+                t = time.perf_counter()
+                fn()
+                seconds.append(time.perf_counter() - t)
+            rounds = timing_rounds(max(seconds), len(impls))
+        times = time_rounds(impls, rounds=rounds, target=TARGET_BATCH_SECONDS, repeats=1, settle=SETTLE_SECONDS,
+                            warmup=WARMUP_SECONDS)
+        result["latency_seconds"] = float(np.median(times["roller"]))
+        peers = [name for name, _ in impls[1:]]
+        for name in peers:
+            result[f"{name}_latency_seconds"] = float(np.median(times[name]))
+            result[f"{name}_over_roller"] = paired_ratio(times[name], times["roller"])
+        result["peers"] = peers
+        result["fastest_peer"] = min(peers, key=lambda n: result[f"{n}_latency_seconds"])
+        result["timing"] = {"rounds": rounds, "settle_seconds": SETTLE_SECONDS, "warmup_seconds": WARMUP_SECONDS,
+                            "batch_seconds": TARGET_BATCH_SECONDS}
+    result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(MODEL_TOLERANCE)}
     return result
+
+
+def timing_rounds(call_seconds: float, engines: int = 2) -> int:
+    """Rounds for :func:`check_against_onnxruntime` when one call of the slowest engine takes about
+    ``call_seconds``: ROUNDS, or as many as fit in TIMING_BUDGET_SECONDS, not under MIN_ROUNDS.
+    A turn costs the pause, the warm-up (at least 3 calls) and the batch (at least one call)."""
+    turn = SETTLE_SECONDS + max(WARMUP_SECONDS, 3 * call_seconds) + max(TARGET_BATCH_SECONDS, call_seconds)
+    return max(MIN_ROUNDS, min(ROUNDS, int(TIMING_BUDGET_SECONDS / (engines * turn) + 1e-9)))
