@@ -74,7 +74,7 @@ def bench(name: str, op: str, shape, dev, args) -> dict:
     import tvm
 
     from roller.models import frontend
-    from roller.models.rules import Declined, DlightRule, RollerRule
+    from roller.models.rules import Declined, DlightRule, RowWiseRule
     from roller.tir.compile import target_for
 
     rng = np.random.default_rng(0)
@@ -86,7 +86,7 @@ def bench(name: str, op: str, shape, dev, args) -> dict:
     want = ref(x.astype(np.float64))
     row = {"case": name, "op": op, "shape": "x".join(map(str, shape))}
     impls = []
-    for label, rule in (("roller", RollerRule()), ("dlight", DlightRule("Reduction"))):
+    for label, rule in (("roller", RowWiseRule()), ("dlight", DlightRule("Reduction"))):
         got = rule.apply(func, dev)
         if isinstance(got, Declined):
             row[label] = f"declined: {got.reason}"

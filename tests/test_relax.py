@@ -18,7 +18,7 @@ from roller import cli
 from roller.models import frontend
 from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
 from roller.models.relax_pass import ScheduleModule, is_scheduled  # noqa: E402
-from roller.models.rules import Declined, GenericRule, RollerRule, Scheduled  # noqa: E402
+from roller.models.rules import Declined, GenericRule, RollerRule, RowWiseRule, Scheduled  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -665,7 +665,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     reciprocal."""
     model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (8, 64)}, (8, 64))
     (func,) = _fused(model, device).values()
-    out = RollerRule().apply(func, device)
+    out = RowWiseRule().apply(func, device)
     assert isinstance(out, Scheduled), out
     sch, plan = out.schedule, out.plan
     assert plan["parallel"] and plan["row_axes"] == 1 and plan["rows"] == 8 and plan["cols"] == 64
@@ -702,6 +702,7 @@ def test_row_plan_reduction_lanes():
 
 
 def test_row_wise_rule_declines_other_functions_with_reasons(device):
+    import tvm
     from tvm import te
 
     a = te.placeholder((8, 16, 4), name="a")
@@ -709,8 +710,15 @@ def test_row_wise_rule_declines_other_functions_with_reasons(device):
     s = te.compute((8, 4), lambda i, j: te.sum(a[i, k, j], axis=k), name="s")  # reduces a middle axis
     m = te.compute((8, 4), lambda i, j: te.max(a[i, k, j], axis=k), name="m")
     out = te.compute((8, 16, 4), lambda i, n, j: a[i, n, j] - s[i, j] * m[i, j], name="out")
-    got = RollerRule().apply(te.create_prim_func([a, out]), device)
-    assert isinstance(got, Declined) and "as a row-wise function" in got.reason, got
+    func = te.create_prim_func([a, out])
+    got = RowWiseRule().apply(func, device)
+    assert isinstance(got, Declined) and "row" in got.reason, got
+    # declined by both of roller's rules: the report keeps both reasons
+    sched = ScheduleModule(device, prepack=False)
+    sched(tvm.IRModule({"f": func}))
+    (rep,) = sched.report
+    assert rep.scheduled_by != "roller" and {"roller", "roller-rows"} <= set(rep.declined), rep
+    assert rep.declined["roller"] in rep.reason and f"roller-rows: {got.reason}" in rep.reason, rep.reason
 
 
 # ---------------------------------------------------------------------------------------------

@@ -316,7 +316,8 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     convolutions' activation layout (:func:`legalize_and_fuse`; NHWC ran a small CNN 2.4x faster than
     the frontend's NCHW: strided NCHW convolutions gather along the vector axis); ``fast_math`` uses
     TVM's approximations of erf, exp, tanh and softmax (see :func:`legalize_and_fuse`). Every fused function
-    is scheduled by :class:`roller.models.relax_pass.ScheduleModule`; with ``profile`` roller's functions use the best
+    is scheduled by :class:`roller.models.relax_pass.ScheduleModule` (the one driver, with the kernel cache's
+    per-function step or without); with ``profile`` roller's functions use the best
     of their top-``topk`` plans, timed, instead of the model's first plan, the largest predicted share of
     the model first until ``profile_budget`` seconds are spent (None: no limit); with ``verify`` each scheduled
     function is checked against TVM's unscheduled build of it first (a disagreeing one falls back).
@@ -361,19 +362,19 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     # planned for where the weights live between calls (memory, where they outgrow the caches)
     plan_dev = constants_device(mod, dev) if prepack else dev
     calls_cache = cache and not profile
-    if calls_cache:  # every function from the kernel cache or compiled alone into it
-        from roller.models.function_cache import schedule_and_build
-        ex, report, mod, seconds["build"] = schedule_and_build(mod, plan_dev, verify, prepack)
-        seconds["schedule"] = time.perf_counter() - t - seconds["build"]
-    else:
-        sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
-                               prepack=prepack)
-        mod = sched.as_pass()(mod)
-        report = sched.report
-        seconds["schedule"] = time.perf_counter() - t
-        t = time.perf_counter()
-        ex = build_module(mod, target)
-        seconds["build"] = time.perf_counter() - t
+    step = None
+    if calls_cache:  # every function from the kernel cache or compiled alone into it: the cache's step
+        from roller.models.function_cache import CachedStep
+        step = CachedStep(plan_dev)
+    # one driver either way (the module pass), with the rule chain or the cache's per-function step
+    sched = ScheduleModule(plan_dev, profile=profile, topk=topk, verify=verify, profile_budget=profile_budget,
+                           prepack=prepack, step=step)
+    mod = sched.as_pass()(mod)
+    report = sched.report
+    seconds["schedule"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ex = step.build(mod) if step is not None else build_module(mod, target)
+    seconds["build"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
     return CompiledModel(executable=ex, device=dev, name=label, inputs=specs, report=report, seconds=seconds,
                          module=mod, calls_cache=calls_cache, folded=folded)

@@ -1,12 +1,13 @@
 """Whole models through the kernel cache: each fused function of a Relax module is one cache entry.
 
-``compile_model``'s top-1 path (:func:`schedule_and_build`) looks every fused PrimFunc up in the
+``compile_model``'s top-1 path (:class:`CachedStep`, the per-function step of the one driver,
+:class:`roller.models.relax_pass.ScheduleModule`) looks every fused PrimFunc up in the
 persistent kernel cache (:mod:`roller.cache.store`) under the key of a single operator: sha256 of the
 function (its name left out, so a function two models share is one entry) + the whole device (spec,
 target with mcpu/mattr, calibration) + roller's and TVM's versions + the build options (top-1, the
-rule chain's ``verify``). A miss schedules the function with :class:`roller.models.relax_pass.ScheduleModule`'s
-rule chain, compiles it alone into a library and publishes it (one compile per key across threads,
-processes and, through Redis, machines). The Relax module then calls each cached library by name
+rule chain's ``verify``). A miss schedules the function with the driver's rule chain, compiles it alone
+into a library and publishes it (one compile per key across threads, processes and, through Redis,
+machines). The Relax module then calls each cached library by name
 (``call_tir`` becomes ``call_dps_packed`` of a global function registered in this process), so that a
 second process compiling the same model loads the libraries and compiles only the Relax part.
 Functions go through two worker threads: one schedules (Python, one at a time: the rules keep no state,
@@ -22,10 +23,10 @@ import os
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from roller.device.spec import Device
+from roller.models.relax_pass import FunctionStep
 
 SYMBOL_PREFIX = "roller_kernel_"     # + the cache key: the global function a Relax call names
 REPORT_KIND = "relax_function"
@@ -111,49 +112,42 @@ def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[
     return key, module, scheduled, rep
 
 
-def schedule_and_build(mod, device: Device, verify: bool = False, prepack: bool = True):
-    """(executable, per-function reports, standalone module, seconds of the final Relax build) of a
-    legalized and fused Relax module: every fused function from the kernel cache, or scheduled,
-    compiled alone and stored there (see the module docstring); ``standalone`` is ``mod`` with the
-    scheduled functions in place (it compiles into one self-contained library). With ``prepack`` the
-    constants a function reads are packed once, in its plan's tiles (:func:`roller.models.constants.prepack_constants`)."""
-    import tvm
+class CachedStep(FunctionStep):
+    """The kernel cache's per-function step for :class:`roller.models.relax_pass.ScheduleModule` (the one
+    driver): each function from the cache, or scheduled by the driver's rule chain, compiled alone and
+    published (:func:`_kernel`), its library registered under the name its calls will use (``symbols``);
+    then :meth:`build` compiles the Relax module calling those libraries by name. Identical functions are
+    not reused by the driver (each is its own lookup: they share the key); two functions are in flight,
+    one scheduling, one compiling (see the module docstring)."""
 
-    from roller import cache as kcache
-    from roller.models.relax_steps import build_module
-    from roller.models.constants import constant_params, prepack_constants
-    from roller.models.relax_pass import SCHEDULED_ATTR, ScheduleModule, is_scheduled
-    from roller.tir.compile import set_threads, target_for
+    reuse = False
+    workers = WORKERS
 
-    set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool
-    sched = ScheduleModule(device, verify=verify, prepack=prepack)
-    store = kcache.open_store()
-    standalone = mod.clone()
-    constants = constant_params(mod) if prepack else {}
-    symbols: dict = {}  # function name -> the registered name its calls use
-    reports = []
-    scheduling = threading.Lock()
-    funcs = sorted(((gv, f) for gv, f in mod.functions_items()
-                    if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint)
+    def __init__(self, device: Device):
+        from roller import cache as kcache
+        from roller.tir.compile import set_threads
 
-    def one(item):
-        gv, func = item
-        t0 = time.perf_counter()
-        out = _kernel(sched, gv.name_hint, func, device, store, constants.get(gv.name_hint, frozenset()), scheduling)
-        out[3].seconds = time.perf_counter() - t0
-        return out
+        set_threads(device.units.count)  # before the first kernel library starts TVM's thread pool
+        self.device = device
+        self.store = kcache.open_store()
+        self.symbols: dict[str, str] = {}  # function name -> the registered name its calls use
+        self._scheduling = threading.Lock()
 
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        for (gv, _), (key, module, scheduled, rep) in zip(funcs, pool.map(one, funcs)):
-            reports.append(rep)
-            if scheduled is not None:
-                standalone[gv] = scheduled.with_attr(SCHEDULED_ATTR, True)
-            symbols[gv.name_hint] = _register(key, module)
-    standalone = prepack_constants(standalone, reports)
-    calls = _by_name(standalone, symbols)
-    t = time.perf_counter()
-    ex = build_module(calls, target_for(device))
-    return ex, reports, standalone, time.perf_counter() - t
+    def __call__(self, sched, name: str, func, constants: frozenset[str]):
+        from roller.models.relax_pass import SCHEDULED_ATTR
+
+        key, module, scheduled, rep = _kernel(sched, name, func, sched.device, self.store, constants,
+                                              self._scheduling)
+        self.symbols[name] = _register(key, module)
+        return (scheduled.with_attr(SCHEDULED_ATTR, True) if scheduled is not None else None), rep
+
+    def build(self, mod):
+        """The executable of ``mod`` (the driver's output: every scheduled function in place, constants
+        prepacked) calling the cached libraries by name (:func:`_by_name`)."""
+        from roller.models.relax_steps import build_module
+        from roller.tir.compile import target_for
+
+        return build_module(_by_name(mod, self.symbols), target_for(self.device))
 
 
 def _by_name(mod, symbols: dict):

@@ -8,23 +8,30 @@ alone). Each function goes down a chain of rules (:mod:`roller.models.rules`), e
 
 1. ``RollerRule``: a function whose main block roller's analysis accepts (one reduction such as a
    convolution, a matmul, a pool or a mean, with its padding stage and its elementwise epilogues; or one
-   elementwise block) is planned by roller's constructor (the model's top-1 plan, or the top-K profiled)
-   and scheduled by roller's code generator; a function of several reductions run row by row (softmax,
-   layer norm, RMS norm, a mean and what follows it) keeps its blocks and gets a row plan
-   (:mod:`roller.plan.rows`, :mod:`roller.targets.cpu.rows`).
-2. TVM's dlight CPU rules (``GEMV``, ``Reduction``) where they apply.
-3. ``GenericRule``: every block's leading spatial loops fused and parallel, the innermost loop of an
+   elementwise block: the same path) is planned by roller's constructor (the model's top-1 plan, or the
+   top-K profiled) and scheduled by roller's code generator.
+2. ``RowWiseRule``: a function of several reductions run row by row (softmax, layer norm, RMS norm, a
+   mean and what follows it) keeps its blocks and gets a row plan (:mod:`roller.plan.rows`,
+   :mod:`roller.targets.cpu.rows`).
+3. TVM's dlight CPU rules (``GEMV``, ``Reduction``) where they apply.
+4. ``GenericRule``: every block's leading spatial loops fused and parallel, the innermost loop of an
    injective block vectorized (transposes, reshapes with a copy, broadcasts, what else is left).
 
 A function none of them schedules stays as it is and the report says so (``scheduled_by: "none"``).
 The report (:class:`FunctionReport`) gives per function the rule that scheduled it, the seconds spent
 and why the rules before it declined. Structurally identical functions are scheduled once.
-``ScheduleModule(device).as_pass()`` is the driver as a ``tvm.transform`` module pass; the constants
-the scheduled functions take packed are packed by :mod:`roller.models.constants`.
+
+``ScheduleModule(device).as_pass()`` is the one driver, a ``tvm.transform`` module pass: it walks the
+module's functions once and hands each to a per-function step (:class:`FunctionStep`; by default the
+rule chain, :meth:`ScheduleModule.schedule_function`). The kernel cache's path supplies its own step
+(:class:`roller.models.function_cache.CachedStep`: look up, or schedule, compile and publish), passed in
+by :func:`roller.models.frontend.compile_model`; this module imports nothing of it. The constants the
+scheduled functions take packed are packed by :mod:`roller.models.constants`.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from roller.device.spec import Device
@@ -53,8 +60,10 @@ MIN_PROFILE_SHARE = 0.01
 class FunctionReport:
     """How one PrimFunc of the module was scheduled.
 
-    ``scheduled_by`` is ``"roller"``, a fallback rule's name (``"dlight.Reduction"``, ``"generic"``...)
-    or ``"none"``; ``declined`` holds, per rule tried before it, why that rule did not apply.
+    ``scheduled_by`` is ``"roller"`` (either of roller's rules), a fallback rule's name
+    (``"dlight.Reduction"``, ``"generic"``...) or ``"none"``; ``rule`` names the rule that scheduled it
+    (``"roller"`` for one main block, ``"roller-rows"`` for a row-wise function, else as ``scheduled_by``;
+    None when none did); ``declined`` holds, per rule tried before it, why that rule did not apply.
     ``seconds`` is the time spent scheduling (planning included); ``reused`` names the structurally
     identical function whose schedule was reused (then ``seconds`` is only the lookup). ``plan``
     describes roller's plan (tiles per level, vector axis) when roller scheduled it.
@@ -71,18 +80,39 @@ class FunctionReport:
     cache: str | None = None     # through the kernel cache (roller.models.function_cache): "hit", "miss" or "off"
     # parameter -> roller.plan.prepack.PackedLayout.to_dict(): constants the kernel takes packed (prepack_constants)
     prepacked: dict = field(default_factory=dict)
+    rule: str | None = None
 
     @property
     def reason(self) -> str | None:
-        """Why the function fell back: the first rule's (roller's) refusal, None if roller scheduled it."""
-        return next(iter(self.declined.values()), None)
+        """Why the function fell back: roller's rules' refusals (the first rule's when none of roller's
+        rules was tried), None if roller scheduled it."""
+        if self.scheduled_by == "roller" or not self.declined:
+            return None
+        mine = [(r, why) for r, why in self.declined.items() if r == "roller" or r.startswith("roller-")]
+        if not mine:
+            return next(iter(self.declined.values()))
+        return "; ".join(why if i == 0 else f"{r}: {why}" for i, (r, why) in enumerate(mine))
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "scheduled_by": self.scheduled_by, "seconds": self.seconds,
+        return {"name": self.name, "scheduled_by": self.scheduled_by, "rule": self.rule, "seconds": self.seconds,
                 "reason": self.reason, "declined": dict(self.declined), "reused": self.reused,
                 "plan": self.plan, "notes": list(self.notes), "profiled": self.profiled,
                 "cache": self.cache, "prepacked": dict(self.prepacked)}
 
+
+
+class FunctionStep:
+    """The driver's per-function step: ``step(sched, name, func, constants)`` returns (the function
+    scheduled and marked ``tirx.is_scheduled``, or None to leave it as it is; its :class:`FunctionReport`).
+    This one is the rule chain (:meth:`ScheduleModule.schedule_function`). With ``reuse`` the driver
+    hands it each structurally identical function once and reuses the result; with ``workers`` > 1 it
+    calls it from that many threads (the step is then thread-safe)."""
+
+    reuse = True
+    workers = 1
+
+    def __call__(self, sched: "ScheduleModule", name: str, func, constants: frozenset[str]):
+        return sched.schedule_function(name, func, constants)
 
 
 def is_scheduled(func) -> bool:
@@ -102,11 +132,16 @@ class ScheduleModule:
     declined and the next rule tried (two builds per distinct function: ~0.1-0.3 s each).
     With ``prepack`` (the default) the constants roller's functions read are packed once, here, in their
     plans' tiles (:func:`prepack_constants`), and the functions take them packed.
+    ``step`` (default :class:`FunctionStep`, the rule chain) turns each function into its scheduled
+    version and report (the kernel cache's step: ``roller.models.function_cache.CachedStep``; profiling
+    then re-schedules functions in the module only, so the cached path does not profile).
     """
 
     def __init__(self, device: Device, rules: list[Rule] | None = None, profile: bool = False, topk: int = 10,
-                 verify: bool = False, profile_budget: float | None = PROFILE_BUDGET_SECONDS, prepack: bool = True):
+                 verify: bool = False, profile_budget: float | None = PROFILE_BUDGET_SECONDS, prepack: bool = True,
+                 step: FunctionStep | None = None):
         self.device = device
+        self.step = step if step is not None else FunctionStep()
         self.prepack = prepack
         self.rules = rules if rules is not None else default_rules()
         self.verify = verify
@@ -126,38 +161,63 @@ class ScheduleModule:
 
     def __call__(self, mod):
         import tvm
-        import tvm_ffi
 
         mod = mod.clone()
         self.report = []
         constants = constant_params(mod) if self.prepack else {}
-        # (hash, constant parameters) -> (original, scheduled, name)
-        done: dict[tuple, list[tuple[object, object, str]]] = {}
         items = sorted(((gv, f) for gv, f in mod.functions.items()
                         if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f)), key=lambda x: x[0].name_hint)
-        for gv, func in items:
-            t0 = time.perf_counter()
-            consts = constants.get(gv.name_hint, frozenset())
-            key = (tvm_ffi.structural_hash(func), consts)
-            same = next((entry for entry in done.get(key, []) if tvm_ffi.structural_equal(entry[0], func)), None)
-            if same is not None:
-                _, scheduled, first = same
-                earlier = next(r for r in self.report if r.name == first)
-                self.report.append(FunctionReport(gv.name_hint, earlier.scheduled_by, time.perf_counter() - t0,
-                                                  dict(earlier.declined), reused=first, plan=earlier.plan,
-                                                  prepacked=dict(earlier.prepacked)))
-                if scheduled is not None:
-                    mod[gv] = scheduled
-                continue
-            scheduled, rep = self.schedule_function(gv.name_hint, func, consts)
-            rep.seconds = time.perf_counter() - t0
+        consts = {gv.name_hint: constants.get(gv.name_hint, frozenset()) for gv, _ in items}
+        same, lookup = self._identical(items, consts) if self.step.reuse else ({}, {})
+        todo = [(gv.name_hint, f, consts[gv.name_hint]) for gv, f in items if gv.name_hint not in same]
+        if self.step.workers > 1:
+            with ThreadPoolExecutor(max_workers=self.step.workers) as pool:
+                done = list(pool.map(lambda item: self.run_step(*item), todo))
+        else:
+            done = [self.run_step(*item) for item in todo]
+        results = {name: out for (name, _, _), out in zip(todo, done)}
+        for gv, _ in items:
+            name = gv.name_hint
+            if name in same:
+                scheduled, earlier = results[same[name]]
+                rep = FunctionReport(name, earlier.scheduled_by, lookup[name], dict(earlier.declined),
+                                     reused=same[name], plan=earlier.plan, prepacked=dict(earlier.prepacked),
+                                     rule=earlier.rule)
+            else:
+                scheduled, rep = results[name]
             self.report.append(rep)
-            done.setdefault(key, []).append((func, scheduled, gv.name_hint))
             if scheduled is not None:
                 mod[gv] = scheduled
         if self.profile:
             self._profile(mod, dict(items))
         return prepack_constants(mod, self.report)
+
+    def run_step(self, name: str, func, constants: frozenset[str] = frozenset()):
+        """(scheduled function or None, report) of one function through ``self.step``; the report's
+        ``seconds`` is the step's time (a cache lookup, or scheduling and what the step adds)."""
+        t0 = time.perf_counter()
+        scheduled, rep = self.step(self, name, func, constants)
+        rep.seconds = time.perf_counter() - t0
+        return scheduled, rep
+
+    @staticmethod
+    def _identical(items, consts: dict) -> tuple[dict[str, str], dict[str, float]]:
+        """({function name: the earlier structurally identical function, with the same constant parameters,
+        it reuses}, {such a name: the seconds its lookup took})."""
+        import tvm_ffi
+
+        seen: dict[tuple, list[tuple[object, str]]] = {}
+        same: dict[str, str] = {}
+        lookup: dict[str, float] = {}
+        for gv, func in items:
+            t0 = time.perf_counter()
+            key = (tvm_ffi.structural_hash(func), consts[gv.name_hint])
+            first = next((n for f, n in seen.get(key, []) if tvm_ffi.structural_equal(f, func)), None)
+            if first is None:
+                seen.setdefault(key, []).append((func, gv.name_hint))
+            else:
+                same[gv.name_hint], lookup[gv.name_hint] = first, time.perf_counter() - t0
+        return same, lookup
 
     def schedule_function(self, name: str, func, constants: frozenset[str] = frozenset()):
         """(the function scheduled by the first rule that applies and marked ``tirx.is_scheduled``, or
@@ -173,8 +233,8 @@ class ScheduleModule:
                 out = Declined(why) if why else out
             if isinstance(out, Scheduled):
                 return (out.schedule.mod["main"].with_attr(SCHEDULED_ATTR, True),
-                        FunctionReport(name, rule.name, time.perf_counter() - t0, declined, plan=out.plan,
-                                       notes=out.notes, prepacked=dict(out.prepacked)))
+                        FunctionReport(name, rule.by, time.perf_counter() - t0, declined, plan=out.plan,
+                                       notes=out.notes, prepacked=dict(out.prepacked), rule=rule.name))
             declined[rule.name] = out.reason
         return None, FunctionReport(name, "none", time.perf_counter() - t0, declined)
 

@@ -1,10 +1,16 @@
 """The rules that schedule one fused PrimFunc of a Relax module (:mod:`roller.models.relax_pass` tries them in order).
 
-1. ``RollerRule``: roller's analysis, constructor and code generator: a function with one main block
-   (a reduction with its padding and epilogues, or one elementwise block), or one of several reductions
-   run row by row (softmax, layer norm...).
-2. ``DlightRule``: one of TVM's dlight CPU rules (GEMV, Reduction).
-3. ``GenericRule``: the fallback: leading spatial loops fused and parallel, injective blocks vectorized.
+1. ``RollerRule``: roller's analysis, constructor and code generator for a function with one main block:
+   a reduction with its padding and epilogues, or one elementwise block (elementwise functions are this
+   rule's one-main-block case, not a path of their own: the analysis describes both as one ``Expr``).
+2. ``RowWiseRule``: roller's row plan for a function of several reductions run row by row (softmax,
+   layer norm...).
+3. ``DlightRule``: one of TVM's dlight CPU rules (GEMV, Reduction).
+4. ``GenericRule``: the fallback: leading spatial loops fused and parallel, injective blocks vectorized.
+
+A rule's ``name`` keys the report's ``declined`` and is its ``rule``; its ``scheduled_by`` (the name
+unless a rule says otherwise) is what the report's ``scheduled_by`` says: both of roller's rules say
+``"roller"``.
 """
 from __future__ import annotations
 
@@ -48,9 +54,15 @@ class Rule:
     """
 
     name = "rule"
+    scheduled_by: str | None = None  # what the report's scheduled_by says (None: the rule's name)
 
     def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         raise NotImplementedError
+
+    @property
+    def by(self) -> str:
+        """The report's ``scheduled_by`` for a function this rule scheduled."""
+        return self.scheduled_by or self.name
 
 
 def _schedule_errors() -> tuple[type, ...]:
@@ -69,21 +81,21 @@ class RollerRule(Rule):
     """roller's analysis, constructor and code generator (:mod:`roller.tir.analysis`, :mod:`roller.plan.construct`,
     :mod:`roller.targets`) with the model's first plan (milliseconds to a second per function, nothing
     built); :meth:`profiled` builds and times the top plans of a function (ScheduleModule's profiling).
-    A function the one-block analysis declines is tried as a row-wise function (several reductions);
-    its row plan has no alternatives to profile."""
+    Its functions have one main block: one reduction with its padding and epilogues, or one elementwise
+    block (the same path: one ``Expr``). A function of several reductions is :class:`RowWiseRule`'s."""
 
     name = "roller"
 
     def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         """The model's first plan for a function with one main block; the constants it packs arrive packed
-        (``roller.plan.prepack``). A function the one-block analysis declines goes to :meth:`_row_wise`."""
+        (``roller.plan.prepack``)."""
         from roller.builder.api import analyze
         from roller.targets import target_of
 
         try:
             expr, norm = analyze(func)
         except RollerError as e:
-            return self._row_wise(func, device, str(e))
+            return Declined(str(e))
         try:
             program = target_of(device).construct(expr, device, 1, constants).programs[0]
         except _schedule_errors() as e:
@@ -145,10 +157,18 @@ class RollerRule(Rule):
         return dataclasses.replace(out, detail=(f"top-{k} profiled ({result.report.get('cache', 'off')}): plan "
                                                 f"{chosen} {measured[chosen] * 1e6:.3g} us, first plan {base}"))
 
-    @staticmethod
-    def _row_wise(func, device: Device, why_not_one: str) -> Scheduled | Declined:
-        """A function with several reductions run row by row (:mod:`roller.plan.rows`); declined with both
-        analyses' reasons when it is not one."""
+
+class RowWiseRule(Rule):
+    """roller's row plan (:mod:`roller.plan.rows`, :mod:`roller.targets.cpu.rows`) for a function of several
+    reductions run row by row (softmax, layer norm, RMS norm, a mean and what follows it): it keeps its
+    blocks, one ``Expr`` each (:func:`roller.tir.rowwise.analyze_rows`). A row plan has no alternatives
+    to profile. Placed after :class:`RollerRule`; the report says ``scheduled_by: "roller"``, ``rule:
+    "roller-rows"``."""
+
+    name = "roller-rows"
+    scheduled_by = "roller"
+
+    def apply(self, func, device: Device, constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         from roller.plan.rows import plan_rows
         from roller.targets.cpu.rows import schedule_rows
         from roller.tir.analysis import analyze_rows
@@ -156,7 +176,7 @@ class RollerRule(Rule):
         try:
             fn, norm = analyze_rows(func)
         except RollerError as e:
-            return Declined(f"{why_not_one}; as a row-wise function: {e}")
+            return Declined(str(e))
         row_plan = plan_rows(fn, device)
         notes: list[str] = []
         try:
@@ -255,5 +275,6 @@ def _const_extent(sch, loop) -> int | None:
 
 
 def default_rules() -> list[Rule]:
-    """roller first, then dlight's CPU GEMV and Reduction rules, then the generic schedule."""
-    return [RollerRule(), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
+    """roller's rules first (one main block, then row-wise), then dlight's CPU GEMV and Reduction rules,
+    then the generic schedule."""
+    return [RollerRule(), RowWiseRule(), DlightRule("GEMV"), DlightRule("Reduction"), GenericRule()]
