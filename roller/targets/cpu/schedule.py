@@ -34,7 +34,8 @@ from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import clamp_tiles, compute_lanes
-from roller.plan.tails import rolled_reduce_axes, tiling_extents, vector_tail_split
+from roller.plan.choices import vector_tail_split
+from roller.plan.tails import rolled_reduce_axes, tiling_extents
 from roller.targets.cpu.prefetch import prefetch_prepacked
 from roller.tir.tirtree import with_main
 from roller.targets.cpu.transpose import in_registers, mark as register_transpose
@@ -264,9 +265,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
     # is asked to split the last, overhanging iterations of each such axis off the others.
     # The vector axis's register loops are split too (below), where every loop above them is
-    # (``tails.vector_tail_split``, the rule the model charges by).
-    tail_vector = vec is not None and vec.name in program.predicated and vector_tail_split(
-        expr, program.tiles, vname, lanes)
+    # (``choices.vector_tail_split``, the rule the model charges by).
+    tail_vector = vector_tail_split(expr, program, lanes)
+
     for a in axes:
         if a.name in program.predicated:
             # not the register loops: unrolled, they must keep constant extents (a partitioned tail in a
