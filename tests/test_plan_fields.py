@@ -106,3 +106,28 @@ def test_held_grid_loop_is_a_serial_loop_of_its_own():
     assert "T.parallel(21" in schedule(func, expr, fused, DEV).mod.script()
     with pytest.raises(BuildError, match="holds the grid loop"):
         schedule(func, expr, dataclasses.replace(plan, held_grid="h"), DEV)
+
+
+def test_the_model_reads_partial_sums_held_grid_and_prefetched():
+    """partial_sums: the compute rate (a reduced vector axis without them runs scalar) and the fold; held_grid:
+    the vector tail split off (scalar lanes without the held loop) and the waves of the held loop at
+    model.held_grid_wave_share; prefetched: nothing (it hides latency, the model charges bandwidth)."""
+    _, _, rows, _ = _case("reduce_sum", dict(M=64, N=4096))
+    plan, _ = estimated(rows, plan_choices(rows, [{"m": 4, "n": 64}, {"m": 4, "n": 4096}, {"m": 8, "n": 4096}],
+                                           DEV, "n"), DEV)
+    assert plan.partial_sums
+    scalar = estimate(rows, dataclasses.replace(plan, partial_sums=False), DEV)
+    assert scalar.compute_seconds > estimate(rows, plan, DEV).compute_seconds
+    _, _, conv, _ = _case("conv2d", dict(N=1, H=14, W=14, C=32, K=42, R=1, S=1))
+    tiles = [{"n": 1, "h": 1, "w": 7, "k": 16, "c": 1, "r": 1, "s": 1},
+             {"n": 1, "h": 2, "w": 14, "k": 16, "c": 32, "r": 1, "s": 1},
+             {"n": 1, "h": 2, "w": 14, "k": 32, "c": 32, "r": 1, "s": 1}]  # k: a tile loop below its grid
+    held, _ = estimated(conv, plan_choices(conv, tiles, DEV, "k", padded=()), DEV)
+    assert held.held_grid == "k"
+    fused = estimate(conv, dataclasses.replace(held, held_grid=None), DEV)
+    assert fused.compute_seconds > estimate(conv, held, DEV).compute_seconds  # the 10-lane tail runs scalar
+    whole = dataclasses.replace(DEV, model=dataclasses.replace(DEV.model, held_grid_wave_share=1.0))
+    est = estimate(conv, held, whole)  # 7 x 2 top tiles: 7 parallel iterations of 2 on 2 units, 8 waves not 7
+    assert est.waves == 7 and est.base_seconds == pytest.approx(
+        estimate(conv, held, DEV).base_seconds + est.tile_seconds, rel=1e-9)
+    assert estimate(conv, held, DEV).seconds == estimate(conv, dataclasses.replace(held, prefetched=("W",)), DEV).seconds

@@ -197,6 +197,18 @@ def accumulator_level_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], dev
     return max(1.0, caches[0].bandwidth_gbps / unit_bandwidth(level, device.units.count))
 
 
+def held_grid_waves(expr: Expr, program: RProgram, device: Device, spatial: int, waves: int) -> float:
+    """Waves of top tiles the plan's held grid loop (``program.held_grid``) adds, as the model charges them:
+    ``device.model.held_grid_wave_share`` of the difference between the waves the parallel loop of S / H
+    iterations runs (H top tiles in a row each: ceil(S / H / U) x H) and the ceil(S / U) = ``waves`` charged
+    to every plan (docs/cost-constants.md#held_grid_wave_share). 0 without a held loop."""
+    share = device.model.held_grid_wave_share or 0.0
+    if program.held_grid is None or not share:
+        return 0.0
+    held = ceil_div(expr.axis(program.held_grid).extent, program.tiles[-1][program.held_grid])
+    return share * max(0, ceil_div(ceil_div(spatial, held), device.units.count) * held - waves)
+
+
 def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     """Predicts the run time of ``program`` on ``device``: the plan whose tile at private level i is
     ``program.tiles[i]``. ``expr`` (first: the plan does not carry the operator it tiles) is the Expr the plan
@@ -206,7 +218,17 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     does: whole vectors (padded flops), copies (padding, the crop, transposed packs; ``tails.copy_bytes``) as
     traffic through the top level, a predicated vector tail's partial vector (``tails.tail_compute_factor``),
     a bounds check per load of an inlined padding stage, no copy for inputs that arrive packed, and the wait
-    for the slowest unit, shorter where the plan balances its grid (``residency.imbalance_seconds``)."""
+    for the slowest unit, shorter where the plan balances its grid (``residency.imbalance_seconds``).
+
+    Every choice field is charged: ``balanced`` by the imbalance wait, ``register_transposes`` at
+    device.model.register_transpose_cycles, ``held_grid`` by the waves its serial loop adds
+    (:func:`held_grid_waves`, device.model.held_grid_wave_share) and by the vector tail it lets code generation
+    split off (``choices.vector_tail_split``), ``partial_sums`` by the compute rate and the fold. ``prefetched``
+    costs nothing the model must see: a prefetch fetches the next top tile's lines ahead of their loads,
+    hiding latency, and the model charges memory as bandwidth overlapped with compute (each level's time
+    against the tile's compute, the constants' cold traffic at constants_level's bandwidth), never as
+    latency; its instructions, one per line of a block on a loop that runs at least
+    ``choices.MIN_CARRIER_POINTS`` points an iteration, are under one per 4096 points."""
     from roller.plan.choices import serial_tail, vector_tail_split  # (choices calls estimate: imported here)
 
     tiles = [dict(t) for t in program.tiles]
@@ -267,7 +289,8 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
              + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
              + fold_seconds(expr, tiles[-1], device, program.partial_sums)
              + accumulator_seconds(expr, program, device) / spatial)
-    seconds = waves * worst + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units)
+    seconds = ((waves + held_grid_waves(expr, program, device, spatial, waves)) * worst
+               + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units))
     if root_copies:
         # a parallel loop of its own before the kernel's, not under its compute (docs/design-notes.md#cost-estimate)
         seconds += root_copies / (source_bandwidth(expr, device) * 1e9) + launch_seconds(device, device.units.count)
