@@ -12,7 +12,8 @@ from roller.plan.cost import TIE, launch_seconds, tile_overhead
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
                                compute_lanes, default_vector_axis, footprint, padding_waste, round_up, tile_counts)
-from roller.plan.tails import serial_tail, tiling_extents
+from roller.plan.choices import serial_tail
+from roller.plan.tails import tiling_extents
 from roller.device.spec import family_model
 
 CPU_MODEL = family_model("cpu")  # the model figures every CPU spec has by default
@@ -68,7 +69,7 @@ def check_invariants(expr, prog: RProgram, dev=DEV):
     assert set(prog.grid) == {a.name for a in expr.spatial_axes}  # reductions never split over units
     assert prog.units == min(dev.units.count, math.prod(prog.grid.values()))
     tiles = math.prod(prog.grid.values())
-    alone = serial_tail(expr, prog.tiles, prog.vector_axis, compute_lanes(expr, dev), prog.predicated)
+    alone = serial_tail(expr, prog, compute_lanes(expr, dev)) and prog.held_grid is None
     # a parallel grid loop split at its last top tile runs that tile alone after the others
     assert prog.waves == (math.ceil((tiles - 1) / dev.units.count) + 1 if alone
                           else math.ceil(tiles / dev.units.count))
@@ -130,7 +131,7 @@ def test_matmul_1024_plans_are_aligned_nested_and_ranked():
     from roller.plan.cost import accumulator_seconds, workspace_seconds
     tiles = math.prod(best.grid.values())
     per_tile = (tile_overhead(DEV) + workspace_seconds(e, best.tiles, DEV, best.vector_axis) / tiles
-                + accumulator_seconds(e, best.tiles, DEV, best.vector_axis) / tiles)
+                + accumulator_seconds(e, best, DEV) / tiles)
     assert best.predicted_seconds == pytest.approx(2 * 1024 ** 3 / (100e9 * 4) + best.waves * per_tile
                                                    + launch_seconds(DEV, 4), rel=1e-6)
 
@@ -472,8 +473,12 @@ def test_accumulator_tiles_too_large_for_a_stack_array_cost_their_allocations():
 
 
 def test_accumulators_moved_through_memory_are_charged_per_reduction_chunk():
-    from roller.plan.cost import accumulator_seconds, cycle_seconds
+    from roller.plan.cost import accumulator_seconds as charged, cycle_seconds
+    from roller.plan.choices import plan_choices
     e = conv2d_nhwc(1, 56, 56, 64, 256, 1, 1)
+
+    def accumulator_seconds(e, tiles, dev, va):  # the term reads the plan
+        return charged(e, plan_choices(e, tiles, dev, va), dev)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     reg, top = t(4, 1, 64, 1), t(28, 14, 256, 64)
     # one L1 pass covers the reduction: the accumulators stay in registers
@@ -591,7 +596,11 @@ def test_plans_that_split_the_reduction_over_several_register_tiles_rank_behind_
     cycles a move the two tied and the memory tie-break took the split plan."""
     from roller.tir import ops
     from roller.builder.api import analyze
-    from roller.plan.cost import accumulator_seconds, rank
+    from roller.plan.cost import accumulator_seconds as charged, rank
+    from roller.plan.choices import plan_choices
+
+    def accumulator_seconds(e, tiles, dev, va):  # the term reads the plan
+        return charged(e, plan_choices(e, tiles, dev, va), dev)
     e = analyze(ops.OPS["batch_matmul"].make({"B": 12, "M": 128, "N": 128, "K": 64}))[0]
     dev = cpu(units={"count": 2, "vector_bytes": 64, "peak_gflops": {"float32": 150.0}})
     t = lambda m, n, k: {"b": 1, "m": m, "n": n, "k": k}

@@ -241,29 +241,31 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
     constant) and it runs scalar (4 of 84 lanes at a lane's speed); elsewhere it is a vector loop of its
     own: one piece for 4 lanes, two (8 + 2) for 42 channels' 10."""
     from policy_exprs import elementwise
-    from roller.plan.choices import estimate_tiles
-    from roller.plan.tails import serial_tail, tail_compute_factor, vector_tail_split
+    from roller.plan.choices import estimate_tiles, plan_choices, serial_tail, vector_tail_split
+    from roller.plan.tails import tail_compute_factor, vector_tail_split as tiles_split
 
     expr = elementwise(10, 84)
+
+    def plan(tiles, padded=None):
+        return plan_choices(expr, tiles, device, "a1", padded=padded)
     solo = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=48)]  # rows in one top tile
-    assert not vector_tail_split(expr, solo, "a1", 16)
-    assert tail_compute_factor(expr, solo, "a1", 16, ("a1",)) == pytest.approx(1 + 4 / 84 * 15)
-    assert tail_compute_factor(expr, solo, "a1", 16, ()) == 1.0
-    assert not serial_tail(expr, solo, "a1", 16, ("a1",))  # the split goes to the tile loop below
+    assert not vector_tail_split(expr, plan(solo, ()), 16) and not tiles_split(expr, solo, "a1", 16)
+    assert tail_compute_factor(expr, "a1", 16, ("a1",), False) == pytest.approx(1 + 4 / 84 * 15)
+    assert tail_compute_factor(expr, "a1", 16, (), False) == 1.0
+    assert not serial_tail(expr, plan(solo, ()), 16)  # the split goes to the tile loop below
     for tiles in ([dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=48)],  # rows have top tiles too
                   [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=16)],  # no tile loop below the grid
                   [dict(a0=1, a1=16), dict(a0=1, a1=96), dict(a0=10, a1=96)]):  # one top tile covers the axis
-        assert vector_tail_split(expr, tiles, "a1", 16)
-        assert tail_compute_factor(expr, tiles, "a1", 16, ("a1",)) == 1.0
+        assert vector_tail_split(expr, plan(tiles, ()), 16) and tiles_split(expr, tiles, "a1", 16)
+        assert tail_compute_factor(expr, "a1", 16, ("a1",), True) == 1.0
     # ...and that tile-less grid loop, the parallel loop itself, runs its last top tile alone: six top
     # tiles on two cores take four waves, not three
     alone = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=10, a1=16)]
-    assert serial_tail(expr, alone, "a1", 16, ("a1",)) and not serial_tail(expr, alone, "a1", 16, ())
+    assert serial_tail(expr, plan(alone, ()), 16) and not serial_tail(expr, plan(alone, ("a1",)), 16)
     assert estimate_tiles(expr, alone, device, "a1", padded=()).waves == 4
     assert estimate_tiles(expr, alone, device, "a1", padded=("a1",)).waves == 3
     narrow = elementwise(10, 42)
-    tiles = [dict(a0=1, a1=16), dict(a0=1, a1=16), dict(a0=2, a1=16)]
-    assert tail_compute_factor(narrow, tiles, "a1", 16, ("a1",)) == pytest.approx(1 + 1 / 3)
+    assert tail_compute_factor(narrow, "a1", 16, ("a1",), True) == pytest.approx(1 + 1 / 3)
 
 
 def test_units_that_split_the_outputs_contiguous_rows_inside_a_line_are_charged_the_shared_lines(device):

@@ -41,6 +41,10 @@ class _Fields:
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 < val <= 1:
                 raise self.fail(key, _KIND_TEXT[kind])
             val = float(val)
+        elif kind == "share":
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val <= 1:
+                raise self.fail(key, _KIND_TEXT[kind])
+            val = float(val)
         elif kind == "str":
             if not isinstance(val, str) or not val:
                 raise self.fail(key, _KIND_TEXT[kind])
@@ -67,6 +71,7 @@ class _Fields:
 
 _KIND_TEXT = {
     "int": "a positive integer", "float": "a positive number", "fraction": "a number in (0, 1]",
+    "share": "a number in [0, 1]",
     "str": "a non-empty string", "bool": "true or false", "map": "a mapping", "list": "a non-empty list",
 }
 

@@ -45,6 +45,7 @@ class ModelConstants:
     resident_none: float | None = None
     balance_min_seconds: float | None = None
     accumulator_cycles: float | None = None
+    held_grid_wave_share: float | None = None
     # GPU (roller.targets.cuda)
     warps_for_peak: int | None = None
     sync_cycles: int | None = None
@@ -70,6 +71,7 @@ class ModelConstants:
 _MODEL_KINDS = {f.name: ("int" if f.type.startswith("int") else "float") for f in dataclasses.fields(ModelConstants)
                 if f.name != "sources"}
 _MODEL_KINDS["register_load_share"] = "fraction"
+_MODEL_KINDS["held_grid_wave_share"] = "share"  # 0 turns the term off
 
 
 def model_constants(data: Any, where: str, base: ModelConstants | None = None) -> ModelConstants:

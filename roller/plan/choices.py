@@ -19,7 +19,6 @@ import math
 from typing import Mapping, Sequence
 
 from roller.device.spec import Device
-from roller.plan.cost import estimate, rebalanced
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.prepack import packed_layout, prepackable
 from roller.plan.residency import balances
@@ -65,13 +64,35 @@ def held_grid(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str |
     return vector_axis if vector_axis in grids and len(grids) > 1 else None
 
 
-def _grid_partitioned(expr: Expr, f: Mapping[str, list[int]], predicated: Sequence[str], held: str | None) -> bool:
-    """Whether the parallel grid loop carries a loop-partition hint (schedule.py: a predicated axis whose grid
-    loop is the whole parallel grid, with no loop below to carry the split)."""
-    grids = [a.name for a in expr.spatial_axes if f[a.name][0] > 1 and a.name != held]
-    if len(grids) != 1 or grids[0] not in predicated:
+def serial_tail(expr: Expr, program: RProgram, lanes: int) -> bool:
+    """Whether the parallel grid loop itself carries a loop-partition hint, so that lowering splits its last
+    top tile off and runs it alone after the others: one predicated spatial axis's grid loop is the whole
+    parallel grid (the held grid loop, ``program.held_grid``, is not part of it), with no tile loop of that
+    axis below it to carry the split (docs/design-notes.md#tails-serial_tail). The one rule for the model
+    (a wave more, ``cost.estimate``), balancing (:func:`balanced_grid`) and code generation
+    (``targets/cpu/schedule.py``, which places the hint where this says)."""
+    if not program.predicated:  # every estimate asks: most plans predicate nothing
+        return False
+    f = axis_factors(expr, program.tiles, program.vector_axis, lanes)
+    grids = [a.name for a in expr.spatial_axes if f[a.name][0] > 1 and a.name != program.held_grid]
+    if len(grids) != 1 or grids[0] not in program.predicated:
         return False
     return all(x <= 1 for x in f[grids[0]][1:-1])
+
+
+def vector_tail_split(expr: Expr, program: RProgram, lanes: int) -> bool:
+    """Whether code generation splits the partial last vector of the plan's predicated spatial vector axis off
+    as a vector loop of its own (narrower, constant lanes): once every loop above it is split at its last
+    iteration, where the axis has no grid loop (one top tile covers it), its grid loop is the plan's held one
+    (``program.held_grid``), or it is the parallel loop itself with no tile loop of the axis below it. The
+    one rule for the model (``tails.tail_compute_factor``) and code generation (``targets/cpu/schedule.py``);
+    construction, which has no plan yet, asks ``tails.vector_tail_split`` of the tiles (the same answer for
+    a plan whose ``held_grid`` is :func:`held_grid`'s)."""
+    va = program.vector_axis
+    if va is None or va not in program.predicated or expr.axis(va).kind == REDUCE:
+        return False
+    f = axis_factors(expr, program.tiles, va, lanes)
+    return f[va][0] <= 1 or program.held_grid == va or all(x <= 1 for x in f[va][1:-1])
 
 
 def balanced_grid(expr: Expr, program: RProgram, device: Device, seconds: float) -> bool:
@@ -84,7 +105,7 @@ def balanced_grid(expr: Expr, program: RProgram, device: Device, seconds: float)
     lanes = compute_lanes(expr, device)
     f = axis_factors(expr, program.tiles, program.vector_axis, lanes)
     grid = math.prod(f[a.name][0] for a in expr.spatial_axes if a.name != program.held_grid)
-    return grid > device.units.count and not _grid_partitioned(expr, f, program.predicated, program.held_grid)
+    return grid > device.units.count and not serial_tail(expr, program, lanes)
 
 
 def main_loops(expr: Expr, program: RProgram, device: Device) -> tuple[int, list[tuple[str, int, str]]] | None:
@@ -211,6 +232,8 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
 def estimated(expr: Expr, program: RProgram, device: Device):
     """(the plan with ``balanced`` decided, its Estimate): the model's time before the imbalance charge
     decides the balancing (:func:`balanced_grid`), then the model charges what the plan says."""
+    from roller.plan.cost import estimate, rebalanced  # the model reads this module's derivations (serial_tail)
+
     est = estimate(expr, program, device)
     if balanced_grid(layout_expr(expr, program.vector_axis), program, device, est.base_seconds):
         program = dataclasses.replace(program, balanced=True)

@@ -26,7 +26,7 @@ from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (LevelRules, default_vector_axis, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint,
                                level_footprints, exact_axes, layout_expr, next_aligned, packing_bytes,
                                padding_waste, reuse_score, round_up, tile_counts, traffic, vector_candidates)
-from roller.plan.tails import (inline_options, spills_window, stack_array,
+from roller.plan.tails import (inline_options, partial_sums, spills_window, stack_array,
                                tail_options, tiling_extents)
 
 EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -69,7 +69,9 @@ def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, devic
                    below_bw_gbps: float, reg: Mapping[str, int]) -> bool:
     """Whether filling this level costs less time than computing on it (the tile is big enough), at the
     rate the register tile ``reg`` computes (the model's, accumulator efficiency included)."""
-    compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis) * 1e9)
+    lanes = compute_lanes(expr, device)  # no plan yet: the partial sums this register tile would keep
+    compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis,
+                                         partial_sums(expr, reg, rules.vector_axis, lanes)) * 1e9)
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 

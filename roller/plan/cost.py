@@ -18,8 +18,9 @@ kernel's, its bytes at the data's bandwidth plus a launch, ``tails.root_copy_byt
 also at their element rate before the tile's compute (device.model.transpose_cycles, or device.model.register_transpose_cycles
 for whole blocks transposed in registers), the lanes of partial sums folded one by one at the write-back
 (device.model.fold_cycles), a predicated vector axis's partial last vector as its
-power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor``)
-and a parallel grid loop split at its last top tile one wave longer (``tails.serial_tail``), output lines
+power-of-two pieces (scalar lanes where code generation cannot split it off, ``tails.tail_compute_factor`` of
+``choices.vector_tail_split``)
+and a parallel grid loop split at its last top tile one wave longer (``choices.serial_tail``), output lines
 two units write where they split the output's contiguous rows inside a line (device.model.false_sharing_seconds), a
 register tile with too few accumulators below peak (unless its accumulation chain is short enough for the
 out-of-order window to overlap it with the next tiles', ``units.reorder_window``), the rows a sliding window's
@@ -53,8 +54,7 @@ from roller.plan.residency import (balances, data_source, imbalance_seconds, mem
                                    unit_bandwidth)
 from roller.plan.rtile import (LevelRules, ceil_div, compute_lanes, layout_expr, level_footprints,
                                round_up, tensor_footprint, tile_counts, traffic)
-from roller.plan.tails import (clamped_top, copy_bytes, partial_sums, root_copy_bytes, serial_tail,
-                               tail_compute_factor, tiling_extents)
+from roller.plan.tails import clamped_top, copy_bytes, root_copy_bytes, tail_compute_factor, tiling_extents
 
 
 # device.model.register_load_share (the spec's model: section; docs/cost-constants.md): Share of the L1's calibrated
@@ -117,14 +117,14 @@ def accumulation_chain(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_ax
 
 
 def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None,
-                 chain: float | None = None) -> float:
+                 partial_sums: bool, chain: float | None = None) -> float:
     """GFLOP/s one unit issues with this register tile: the accumulation type's peak, scaled by the
-    accumulator efficiency (``chain``: see there); a reduction that cannot keep vector partial sums runs
-    scalar (1 / lanes)."""
+    accumulator efficiency (``chain``: see there); a reduced vector axis without vector partial sums
+    (``partial_sums``: the plan's ``RProgram.partial_sums``, or ``tails.partial_sums`` of a register tile
+    before there is a plan) runs scalar (1 / lanes)."""
     lanes = compute_lanes(expr, device)
     peak = device.units.peak(expr.dtype) * accumulator_efficiency(expr, reg, device, vector_axis, chain)
-    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums(
-            expr, reg, vector_axis, lanes):
+    if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums:
         peak /= lanes
     return peak
 
@@ -157,11 +157,12 @@ def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: in
 # the register tiles, not under them.
 
 
-def accumulator_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
-                        vector_axis: str | None) -> float:
-    """Seconds the whole operator spends moving accumulators through a tile buffer in memory (see
-    device.model.accumulator_cycles); 0 where they stay in registers for the whole reduction, or are vector partial
-    sums (a reduced vector axis: a buffer of their own, charged by the fold)."""
+def accumulator_seconds(expr: Expr, program: RProgram, device: Device) -> float:
+    """Seconds the whole operator spends moving the plan's accumulators through a tile buffer in memory (see
+    device.model.accumulator_cycles); 0 where they stay in registers for the whole reduction, or where the
+    plan's vector axis is reduced (``program.vector_axis``: vector partial sums have a buffer of their own,
+    charged by the fold, and a scalar reduction's accumulator is one element a register tile)."""
+    tiles, vector_axis = [dict(t) for t in program.tiles], program.vector_axis
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE:
         return 0.0
     parent = accumulator_parent(expr, tiles, 0, vector_axis)
@@ -196,6 +197,18 @@ def accumulator_level_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], dev
     return max(1.0, caches[0].bandwidth_gbps / unit_bandwidth(level, device.units.count))
 
 
+def held_grid_waves(expr: Expr, program: RProgram, device: Device, spatial: int, waves: int) -> float:
+    """Waves of top tiles the plan's held grid loop (``program.held_grid``) adds, as the model charges them:
+    ``device.model.held_grid_wave_share`` of the difference between the waves the parallel loop of S / H
+    iterations runs (H top tiles in a row each: ceil(S / H / U) x H) and the ceil(S / U) = ``waves`` charged
+    to every plan (docs/cost-constants.md#held_grid_wave_share). 0 without a held loop."""
+    share = device.model.held_grid_wave_share or 0.0
+    if program.held_grid is None or not share:
+        return 0.0
+    held = ceil_div(expr.axis(program.held_grid).extent, program.tiles[-1][program.held_grid])
+    return share * max(0, ceil_div(ceil_div(spatial, held), device.units.count) * held - waves)
+
+
 def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     """Predicts the run time of ``program`` on ``device``: the plan whose tile at private level i is
     ``program.tiles[i]``. ``expr`` (first: the plan does not carry the operator it tiles) is the Expr the plan
@@ -205,7 +218,19 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     does: whole vectors (padded flops), copies (padding, the crop, transposed packs; ``tails.copy_bytes``) as
     traffic through the top level, a predicated vector tail's partial vector (``tails.tail_compute_factor``),
     a bounds check per load of an inlined padding stage, no copy for inputs that arrive packed, and the wait
-    for the slowest unit, shorter where the plan balances its grid (``residency.imbalance_seconds``)."""
+    for the slowest unit, shorter where the plan balances its grid (``residency.imbalance_seconds``).
+
+    Every choice field is charged: ``balanced`` by the imbalance wait, ``register_transposes`` at
+    device.model.register_transpose_cycles, ``held_grid`` by the waves its serial loop adds
+    (:func:`held_grid_waves`, device.model.held_grid_wave_share) and by the vector tail it lets code generation
+    split off (``choices.vector_tail_split``), ``partial_sums`` by the compute rate and the fold. ``prefetched``
+    costs nothing the model must see: a prefetch fetches the next top tile's lines ahead of their loads,
+    hiding latency, and the model charges memory as bandwidth overlapped with compute (each level's time
+    against the tile's compute, the constants' cold traffic at constants_level's bandwidth), never as
+    latency; its instructions, one per line of a block on a loop that runs at least
+    ``choices.MIN_CARRIER_POINTS`` points an iteration, are under one per 4096 points."""
+    from roller.plan.choices import serial_tail, vector_tail_split  # (choices calls estimate: imported here)
+
     tiles = [dict(t) for t in program.tiles]
     vector_axis, padded, inlined = program.vector_axis, program.padded, program.inlined
     predicated, packed, prepacked = program.predicated, program.packed, program.prepacked
@@ -217,11 +242,14 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     units = max(1, min(device.units.count, spatial))
     waves = math.ceil(spatial / device.units.count)
     lanes = compute_lanes(expr, device)
-    rate = compute_rate(expr, tiles[0], device, vector_axis, accumulation_chain(expr, tiles, vector_axis, lanes))
-    if serial_tail(expr, tiles, vector_axis, lanes, predicated):
+    rate = compute_rate(expr, tiles[0], device, vector_axis, program.partial_sums,
+                        accumulation_chain(expr, tiles, vector_axis, lanes))
+    if serial_tail(expr, program, lanes) and program.held_grid is None:  # held: code generation still splits the other
+        # axis's parallel loop; the model leaves that wave out to keep the plans (commit 0a6c88f charges it)
         waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
-                   * tail_compute_factor(expr, tiles, vector_axis, lanes, predicated) / (rate * 1e9)
+                   * tail_compute_factor(expr, vector_axis, lanes, predicated, vector_tail_split(expr, program, lanes))
+                   / (rate * 1e9)
                    + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
     root_copies = root_copy_bytes(expr, padded, packed, prepacked)
@@ -260,9 +288,10 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
              + workspace_seconds(expr, tiles, device, vector_axis) / spatial
              + interleaved_run_seconds(expr, tiles, device, vector_axis, staged) / spatial
              + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
-             + fold_seconds(expr, tiles[-1], tiles[0], device, vector_axis)
-             + accumulator_seconds(expr, tiles, device, vector_axis) / spatial)
-    seconds = waves * worst + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units)
+             + fold_seconds(expr, tiles[-1], device, program.partial_sums)
+             + accumulator_seconds(expr, program, device) / spatial)
+    seconds = ((waves + held_grid_waves(expr, program, device, spatial, waves)) * worst
+               + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units))
     if root_copies:
         # a parallel loop of its own before the kernel's, not under its compute (docs/design-notes.md#cost-estimate)
         seconds += root_copies / (source_bandwidth(expr, device) * 1e9) + launch_seconds(device, device.units.count)

@@ -12,7 +12,7 @@ from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr, TensorAccess
 from roller.plan.residency import resident_share
 from roller.plan.rtile import LevelRules, ceil_div, compute_lanes, tensor_footprint, tile_counts
-from roller.plan.tails import accumulator_tile, partial_sums, split_axes, stack_array, transposed_elements
+from roller.plan.tails import accumulator_tile, split_axes, stack_array, transposed_elements
 
 
 DEFAULT_CLOCK_GHZ = 2.0  # for a spec without clock_ghz
@@ -92,15 +92,13 @@ def transpose_seconds(expr: Expr, top: Mapping[str, int], device: Device, prepac
 # folded into its output (a reduced vector axis): the write-back adds the lanes of every output element one by one.
 
 
-def fold_seconds(expr: Expr, top: Mapping[str, int], reg: Mapping[str, int], device: Device,
-                 vector_axis: str | None) -> float:
-    """Seconds the write-back of one top tile spends summing the lanes of partial sums (0 without them)."""
-    lanes = compute_lanes(expr, device)
-    if vector_axis is None or expr.axis(vector_axis).kind != REDUCE or not partial_sums(expr, reg, vector_axis,
-                                                                                          lanes):
+def fold_seconds(expr: Expr, top: Mapping[str, int], device: Device, partial_sums: bool) -> float:
+    """Seconds the write-back of one top tile spends summing the lanes of partial sums (0 without them:
+    ``partial_sums`` is the plan's ``RProgram.partial_sums``)."""
+    if not partial_sums:
         return 0.0
     outputs = math.prod(expr.output.region(top))
-    return outputs * lanes * device.model.fold_cycles * cycle_seconds(device)
+    return outputs * compute_lanes(expr, device) * device.model.fold_cycles * cycle_seconds(device)
 
 
 # device.model.inline_check_cycles (the spec's model: section; docs/cost-constants.md): Cycles each element load of

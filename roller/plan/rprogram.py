@@ -39,9 +39,12 @@ class RProgram:
     prepacked: tuple[str, ...] = ()   # constant inputs stored in the plan's tiles (roller.plan.prepack): no copy
     # code generation's choices (roller.plan.choices decides them; codegen executes them or raises)
     balanced: bool = False            # the parallel grid is load-balanced (each unit steals when done)
-    prefetched: tuple[str, ...] = ()  # prepacked inputs whose next top tile is software-prefetched
+    # prepacked inputs whose next top tile is software-prefetched: no cost term (it hides latency, the model
+    # charges bandwidth; cost.estimate's docstring says why)
+    prefetched: tuple[str, ...] = ()
     register_transposes: tuple[str, ...] = ()  # transposed packs copied in lanes x lanes register blocks
-    held_grid: str | None = None      # spatial axis whose grid loop is held out of the fused parallel loop
+    # spatial axis whose grid loop is held out of the fused parallel loop (cost.held_grid_waves charges its waves)
+    held_grid: str | None = None
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it

@@ -115,22 +115,11 @@ def split_axes(expr: Expr, top: Mapping[str, int]) -> list[str]:
     return [a.name for a in expr.axes if a.kind != REDUCE and ceil_div(a.extent, top[a.name]) > 1]
 
 
-def serial_tail(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
-                predicated: tuple[str, ...]) -> bool:
-    """Whether the parallel grid loop itself is split at its last iteration: it is one predicated axis's
-    own (no other spatial axis has top tiles) with no tile loop of that axis below it to carry the split.
-    That last top tile then runs alone after the others (docs/design-notes.md#tails-serial_tail)."""
-    if not predicated:  # every estimate asks: most plans predicate nothing
-        return False
-    split = split_axes(expr, tiles[-1])
-    return (len(split) == 1 and split[0] in predicated
-            and not _grid_loops(expr, tiles, vector_axis, lanes)[split[0]][1])
-
-
 def vector_tail_split(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
                       lanes: int) -> bool:
-    """Whether code generation splits the partial last vector of a predicated spatial vector axis off as a
-    vector loop of its own (narrower, constant lanes). It can once every loop above that vector loop is
+    """Whether code generation would split the partial last vector of a predicated spatial vector axis off as a
+    vector loop of its own (narrower, constant lanes), asked of tiles before there is a plan (construction's
+    ``inline_options``); the model and code generation ask the plan (``choices.vector_tail_split``). It can once every loop above that vector loop is
     split at its last iteration: the axis has no grid loop (one top tile covers it), or its grid loop is
     held out of the fused parallel loop (another spatial axis has top tiles too), or it is the parallel
     loop itself with no loop of the axis between it and the register tile (``codegen.cpu``)."""
@@ -141,21 +130,21 @@ def vector_tail_split(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axi
     return count <= 1 or any(c > 1 for n, (c, _) in grid.items() if n != vector_axis) or not inner
 
 
-def tail_compute_factor(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
-                        predicated: tuple[str, ...]) -> float:
+def tail_compute_factor(expr: Expr, vector_axis: str | None, lanes: int, predicated: tuple[str, ...],
+                        split: bool) -> float:
     """How much more the vector work costs than in whole vectors for a predicated vector axis's tail.
 
-    Split off as a vector loop of its own (``vector_tail_split``), the partial vector runs as the
-    power-of-two vectors its lanes make up (10 lanes: an 8- and a 2-lane piece, loaded apart and joined),
-    one whole vector's work each. Otherwise its lanes run scalar: lowering splits the overhanging iterations
-    off every tiled loop of the axis, and in the unrolled register tile the whole vectors of the last tile
-    keep constant, true bounds; only the partial vector stays scalar, not the whole last top tile
-    (docs/design-notes.md#tails-tail_compute_factor)."""
+    Split off as a vector loop of its own (``split``: the plan's ``choices.vector_tail_split``), the partial
+    vector runs as the power-of-two vectors its lanes make up (10 lanes: an 8- and a 2-lane piece, loaded
+    apart and joined), one whole vector's work each. Otherwise its lanes run scalar: lowering splits the
+    overhanging iterations off every tiled loop of the axis, and in the unrolled register tile the whole
+    vectors of the last tile keep constant, true bounds; only the partial vector stays scalar, not the whole
+    last top tile (docs/design-notes.md#tails-tail_compute_factor)."""
     if vector_axis is None or vector_axis not in predicated:
         return 1.0
     extent = expr.axis(vector_axis).extent
     tail = extent % lanes
-    if vector_tail_split(expr, tiles, vector_axis, lanes):
+    if split:
         return 1.0 + (bin(tail).count("1") - 1) / ceil_div(extent, lanes) if tail else 1.0
     return 1.0 + tail / extent * (lanes - 1)
 

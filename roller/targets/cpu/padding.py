@@ -150,8 +150,8 @@ def _renamed_inputs(sch, block) -> dict[str, str]:
 def _guard_crop(sch, crop) -> None:
     """Prepares the crop block (padded output -> real output) for code generation.
 
-    An elementwise epilogue reading the crop's output is inlined into it first (then code generation
-    places one block, not two). Then the crop gets an always-true block predicate (a split by more than
+    The elementwise epilogue reading the crop's output is inlined into it first (then code generation
+    places one block, not two; a BuildError where TVM refuses). Then the crop gets an always-true block predicate (a split by more than
     its extent) so that ``reverse_compute_inline`` refuses it: inlined into the accumulator's write-back,
     the crop's bound becomes a predicate of that block over the padded domain, and TVM 0.27's
     ``reverse_compute_at`` drops it when moving the write-back to its tile: the kernel then writes past
@@ -162,8 +162,9 @@ def _guard_crop(sch, crop) -> None:
     for c in sch.get_consumers(crop):
         try:
             sch.reverse_compute_inline(c)
-        except ScheduleError:
-            pass  # not elementwise over the crop: it stays its own block at root (still correct)
+        except ScheduleError as e:  # analysis admits elementwise epilogues only: this one should inline
+            raise BuildError(f"the epilogue {sch.get(c).name_hint} cannot be inlined into the crop "
+                             f"{sch.get(crop).name_hint}: {str(e).strip().splitlines()[-1]}") from e
     loops = sch.get_loops(crop)
     if loops:
         sch.split(loops[0], [None, int(sch.get(loops[0]).extent) + 1])

@@ -34,7 +34,8 @@ from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import clamp_tiles, compute_lanes
-from roller.plan.tails import rolled_reduce_axes, tiling_extents, vector_tail_split
+from roller.plan.choices import vector_tail_split
+from roller.plan.tails import rolled_reduce_axes, tiling_extents
 from roller.targets.cpu.prefetch import prefetch_prepacked
 from roller.tir.tirtree import with_main
 from roller.targets.cpu.transpose import in_registers, mark as register_transpose
@@ -119,11 +120,17 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     # The plan decides (roller.plan.tails.partial_sums; the policy counts those vectors in the register file).
     rvec = next((a for a in reduce if a.name == vname), None)
     lane = None
+    if program.partial_sums and rvec is None:
+        raise BuildError(f"{expr.name}: the plan keeps vector partial sums, but its vector axis {vname} is not "
+                         f"reduced")
     if rvec is not None and program.partial_sums:
         if rvec.sizes[0] > lanes:
             rvec.levels[0], lane = sch.split(rvec.levels[0], [None, lanes])
         else:
             rvec.levels[0], lane = None, rvec.levels[0]
+        if lane is None:
+            raise BuildError(f"{expr.name}: the plan keeps vector partial sums, but its register tile along {vname} "
+                             f"is one element: no lane loop to rfactor")
 
     def present(loops):
         return [lp for lp in loops if lp is not None]
@@ -200,8 +207,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             consumers = list(sch.get_consumers(wb))
             sch.reverse_compute_at(wb, acc_at)
             writer = sch.cache_write(wb, 0, ACCUMULATOR_SCOPE)
-            for c in consumers:
-                _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
+            _inline_epilogues(sch, consumers, program, expr.name)
             sch.reverse_compute_at(writer, acc_at)
             _vectorize_inner(sch, writer, lanes, notes)
         else:
@@ -209,14 +215,13 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     elif reduce:
         if acc_at is not None:
             writer = sch.cache_write(block, 0, ACCUMULATOR_SCOPE)
-            for c in consumers:  # fold elementwise epilogues into the write-back
-                _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
+            _inline_epilogues(sch, consumers, program, expr.name)  # fold the epilogue into the write-back
             sch.reverse_compute_at(writer, acc_at)
             _vectorize_inner(sch, writer, lanes, notes)
     else:
-        for c in consumers:
-            _try(None, "inline", sch.reverse_compute_inline, c)  # else per top tile or at root, below
-    # epilogues that could not be inlined (a padded plan's crop) run per top tile, or at root (a note says so)
+        _inline_epilogues(sch, consumers, program, expr.name)
+    # what is not inlined (a padded plan's crop; the epilogue of a reduction without an accumulator tile) runs
+    # per top tile, or at root where the plan has one top tile (a note says so where the per-tile step fails)
     for c in sch.get_consumers(writer):
         if grid is None or not _try(notes, f"{sch.get(c).name_hint} per top tile", sch.reverse_compute_at, c, grid):
             _parallel_root(sch, c, lanes, notes)
@@ -264,9 +269,9 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
     # is asked to split the last, overhanging iterations of each such axis off the others.
     # The vector axis's register loops are split too (below), where every loop above them is
-    # (``tails.vector_tail_split``, the rule the model charges by).
-    tail_vector = vec is not None and vec.name in program.predicated and vector_tail_split(
-        expr, program.tiles, vname, lanes)
+    # (``choices.vector_tail_split``, the rule the model charges by).
+    tail_vector = vector_tail_split(expr, program, lanes)
+
     for a in axes:
         if a.name in program.predicated:
             # not the register loops: unrolled, they must keep constant extents (a partitioned tail in a
@@ -332,6 +337,22 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     elif program.prefetched:
         raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)}, which it does not prepack")
     return with_main(sch, in_registers(sch.mod["main"]))
+
+
+def _inline_epilogues(sch, consumers, program: RProgram, name: str) -> None:
+    """Inlines the main block's consumers into its write-back: the function's elementwise epilogue (analysis
+    admits no other), or else a BuildError. A padded plan's consumers are its crops (``padding._guard_crop``
+    keeps each its own block, placed per top tile): not inlined, by the plan's decision to pad."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    if program.padded:
+        return
+    for c in consumers:
+        try:
+            sch.reverse_compute_inline(c)
+        except ScheduleError as e:
+            raise BuildError(f"{name}: the epilogue {sch.get(c).name_hint} cannot be inlined into the write-back: "
+                             f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}") from e
 
 
 def _init_in_layout_order(sch, init, block) -> None:
