@@ -69,7 +69,7 @@ def check_invariants(expr, prog: RProgram, dev=DEV):
     assert set(prog.grid) == {a.name for a in expr.spatial_axes}  # reductions never split over units
     assert prog.units == min(dev.units.count, math.prod(prog.grid.values()))
     tiles = math.prod(prog.grid.values())
-    alone = serial_tail(expr, prog, compute_lanes(expr, dev)) and prog.held_grid is None
+    alone = serial_tail(expr, prog, compute_lanes(expr, dev))
     # a parallel grid loop split at its last top tile runs that tile alone after the others
     assert prog.waves == (math.ceil((tiles - 1) / dev.units.count) + 1 if alone
                           else math.ceil(tiles / dev.units.count))

@@ -244,8 +244,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis, program.partial_sums,
                         accumulation_chain(expr, tiles, vector_axis, lanes))
-    if serial_tail(expr, program, lanes) and program.held_grid is None:  # held: code generation still splits the other
-        # axis's parallel loop; the model leaves that wave out to keep the plans (commit 0a6c88f charges it)
+    if serial_tail(expr, program, lanes):  # the rule code generation splits the last top tile off by
         waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
                    * tail_compute_factor(expr, vector_axis, lanes, predicated, vector_tail_split(expr, program, lanes))

@@ -34,7 +34,7 @@ from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import clamp_tiles, compute_lanes
-from roller.plan.choices import vector_tail_split
+from roller.plan.choices import serial_tail, vector_tail_split
 from roller.plan.tails import rolled_reduce_axes, tiling_extents
 from roller.targets.cpu.prefetch import prefetch_prepacked
 from roller.tir.tirtree import with_main
@@ -269,9 +269,13 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     # Predicated tails (the plan's choice): TVM scalarizes a vector loop that carries a bound, so lowering
     # is asked to split the last, overhanging iterations of each such axis off the others.
     # The vector axis's register loops are split too (below), where every loop above them is
-    # (``choices.vector_tail_split``, the rule the model charges by).
+    # (``choices.vector_tail_split``, the rule the model charges by); the parallel grid loop itself where the
+    # plan runs its last top tile alone (``choices.serial_tail``, the model's extra wave).
     tail_vector = vector_tail_split(expr, program, lanes)
-
+    grid_tail = serial_tail(expr, program, lanes)
+    if grid_tail and (solo is None or solo not in program.predicated or grid is None):
+        raise BuildError(f"{expr.name}: the plan splits the parallel grid loop at its last top tile, but it is no "
+                         f"predicated axis's own grid loop")
     for a in axes:
         if a.name in program.predicated:
             # not the register loops: unrolled, they must keep constant extents (a partitioned tail in a
@@ -288,7 +292,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                 # parallel loop runs its tail iteration after the parallel part, on one core
                 # (docs/design-notes.md#schedule-schedule_cpu)
                 inner = [lp for lp in a.levels[1:] if lp is not None]
-                loops = ([grid] if a.name == solo and not inner else []) + inner
+                loops = ([grid] if a.name == solo and grid_tail else []) + inner
             if a is rvec:  # the lanes of partial sums: its register loop's overhanging vectors split off too
                 loops.append(a.levels[0])
             for lp in loops:
