@@ -19,13 +19,15 @@ import math
 from typing import Mapping, Sequence
 
 from roller.device.spec import Device
+from roller.plan.cost import estimate, rebalanced
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.loops import axis_factors, serial_tail, vector_tail_split  # noqa: F401 (re-exported)
 from roller.plan.prepack import packed_layout, prepackable
 from roller.plan.residency import balances
 from roller.plan.rprogram import RProgram
-from roller.plan.rtile import (ceil_div, clamp_tiles, compute_lanes, default_vector_axis, layout_expr, packing)
+from roller.plan.rtile import (ceil_div, compute_lanes, default_vector_axis, layout_expr, packing)
 from roller.plan.tails import (partial_sums, predicated_axes, register_transposes, rolled_reduce_axes,
-                               tail_options, tiling_extents)
+                               tail_options)
 
 # Software prefetch of prepacked inputs (targets/cpu/prefetch.py): smaller blocks (a bias) stream within a
 # page and the prefetchers keep up; a loop carries prefetches only where each of its iterations runs at least
@@ -34,21 +36,6 @@ MIN_BLOCK_BYTES = 4096
 MIN_CARRIER_POINTS = 4096
 
 SERIAL, UNROLLED, VECTORIZED = "serial", "unrolled", "vectorized"
-
-
-def axis_factors(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
-                 lanes: int) -> dict[str, list[int]]:
-    """Axis -> its loops' extents as the CPU schedule splits it: the grid of top tiles, then each level's
-    tiles in the level above (top - 1 .. 1), then the register tile (tile sizes clamped to the tiling
-    extents; a factor of 1 makes no loop)."""
-    tiling = tiling_extents(expr, vector_axis, lanes)
-    out = {}
-    n = len(tiles)
-    for a in expr.axes:
-        sizes = clamp_tiles(tiling[a.name], [t[a.name] for t in tiles])
-        out[a.name] = ([math.ceil(a.extent / sizes[-1])] + [sizes[l] // sizes[l - 1] for l in range(n - 1, 0, -1)]
-                       + [sizes[0]])
-    return out
 
 
 def held_grid(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
@@ -62,37 +49,6 @@ def held_grid(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str |
     f = axis_factors(expr, tiles, vector_axis, lanes)
     grids = [a.name for a in expr.spatial_axes if f[a.name][0] > 1]
     return vector_axis if vector_axis in grids and len(grids) > 1 else None
-
-
-def serial_tail(expr: Expr, program: RProgram, lanes: int) -> bool:
-    """Whether the parallel grid loop itself carries a loop-partition hint, so that lowering splits its last
-    top tile off and runs it alone after the others: one predicated spatial axis's grid loop is the whole
-    parallel grid (the held grid loop, ``program.held_grid``, is not part of it), with no tile loop of that
-    axis below it to carry the split (docs/design-notes.md#tails-serial_tail). The one rule for the model
-    (a wave more, ``cost.estimate``), balancing (:func:`balanced_grid`) and code generation
-    (``targets/cpu/schedule.py``, which places the hint where this says)."""
-    if not program.predicated:  # every estimate asks: most plans predicate nothing
-        return False
-    f = axis_factors(expr, program.tiles, program.vector_axis, lanes)
-    grids = [a.name for a in expr.spatial_axes if f[a.name][0] > 1 and a.name != program.held_grid]
-    if len(grids) != 1 or grids[0] not in program.predicated:
-        return False
-    return all(x <= 1 for x in f[grids[0]][1:-1])
-
-
-def vector_tail_split(expr: Expr, program: RProgram, lanes: int) -> bool:
-    """Whether code generation splits the partial last vector of the plan's predicated spatial vector axis off
-    as a vector loop of its own (narrower, constant lanes): once every loop above it is split at its last
-    iteration, where the axis has no grid loop (one top tile covers it), its grid loop is the plan's held one
-    (``program.held_grid``), or it is the parallel loop itself with no tile loop of the axis below it. The
-    one rule for the model (``tails.tail_compute_factor``) and code generation (``targets/cpu/schedule.py``);
-    construction, which has no plan yet, asks ``tails.vector_tail_split`` of the tiles (the same answer for
-    a plan whose ``held_grid`` is :func:`held_grid`'s)."""
-    va = program.vector_axis
-    if va is None or va not in program.predicated or expr.axis(va).kind == REDUCE:
-        return False
-    f = axis_factors(expr, program.tiles, va, lanes)
-    return f[va][0] <= 1 or program.held_grid == va or all(x <= 1 for x in f[va][1:-1])
 
 
 def balanced_grid(expr: Expr, program: RProgram, device: Device, seconds: float) -> bool:
@@ -232,7 +188,6 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
 def estimated(expr: Expr, program: RProgram, device: Device):
     """(the plan with ``balanced`` decided, its Estimate): the model's time before the imbalance charge
     decides the balancing (:func:`balanced_grid`), then the model charges what the plan says."""
-    from roller.plan.cost import estimate, rebalanced  # the model reads this module's derivations (serial_tail)
 
     est = estimate(expr, program, device)
     if balanced_grid(layout_expr(expr, program.vector_axis), program, device, est.base_seconds):

@@ -40,6 +40,7 @@ from typing import Mapping, Sequence
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
+from roller.plan.loops import serial_tail, vector_tail_split
 # the estimate's terms, the ranking and the data's residency live in their own modules; their names are
 # re-exported here, where callers have imported them from
 from roller.plan.overheads import (DEFAULT_CLOCK_GHZ, PAGE_BYTES, broadcast_run, cycle_seconds,  # noqa: F401
@@ -229,7 +230,6 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     against the tile's compute, the constants' cold traffic at constants_level's bandwidth), never as
     latency; its instructions, one per line of a block on a loop that runs at least
     ``choices.MIN_CARRIER_POINTS`` points an iteration, are under one per 4096 points."""
-    from roller.plan.choices import serial_tail, vector_tail_split  # (choices calls estimate: imported here)
 
     tiles = [dict(t) for t in program.tiles]
     vector_axis, padded, inlined = program.vector_axis, program.padded, program.inlined
