@@ -192,7 +192,8 @@ def _print_compile(r: dict) -> None:
         prof = f" [{f['profiled']}]" if f.get("profiled") else ""
         cached = f" (cache {f['cache']})" if f.get("cache") else ""
         packed = f" (prepacked {', '.join(f['prepacked'])})" if f.get("prepacked") else ""
-        print(f"  {f['name']:<48} {f['scheduled_by']:<17} {_fmt_seconds(f['seconds']):>10}{cached}{same}{packed}{why}{prof}")
+        rule = f.get("rule") or f["scheduled_by"]  # roller's rules by name: roller (one main block), roller-rows
+        print(f"  {f['name']:<48} {rule:<17} {_fmt_seconds(f['seconds']):>10}{cached}{same}{packed}{why}{prof}")
     ph = r["phases"]
     print(f"compile {_fmt_seconds(r['compile_seconds'])} (import {_fmt_seconds(ph['import'])}, legalize+fuse "
           f"{_fmt_seconds(ph['legalize'])}, schedule {_fmt_seconds(ph['schedule'])}, build {_fmt_seconds(ph['build'])})")
