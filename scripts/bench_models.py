@@ -1,23 +1,42 @@
-"""Whole models: roller against onnxruntime and TVM's default Relax pipeline, in one run.
+"""Whole models: roller against the best CPU runtimes (onnxruntime, OpenVINO, PyTorch eager) and TVM's default Relax pipeline, in one run.
 
     python3 scripts/bench_models.py                      # resnet50, bert (12 layers, seq 128), small ones
+    python3 scripts/bench_models.py --models resnet50,bert --batch 1,8   # one row per (model, batch)
     python3 scripts/bench_models.py --models resnet50 --profile   # also roller with top-10 profiling
     python3 scripts/bench_models.py --models cnn,block --tvm-runs 3
+    PYTHONPATH=/path/to/openvino python3 scripts/bench_models.py   # with OpenVINO as a peer
     PYTHONPATH=/path/to/torch python3 scripts/bench_models.py   # with a PyTorch eager column
 
-Models are built in code with random weights (tests/onnx_models.py; nothing is downloaded): ResNet-50
-v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers, 768 wide, 12 heads,
-MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks for one new token
-over a 32-token KV cache, the small CNN and transformer block of the tests. Per model: roller's
-compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
-alternately with onnxruntime in this process after a pause each, roller.measure.timing.time_rounds; the ratio to
-onnxruntime is the median of the rounds' ratios, roller.measure.timing.paired_ratio),
-onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
-module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
-eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
-faster of one thread and the device's cores), and every
-output checked against onnxruntime (rtol = atol = 1e-3 for float32). Prints a Markdown table and writes
-it with a JSON file to ``--out`` (default build/bench_models/).
+Models are built in code with random weights (tests/onnx_models.py through benchutil.models; nothing is
+downloaded): ResNet-50 v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers,
+768 wide, 12 heads, MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks
+for one new token over a 32-token KV cache, the small CNN and transformer block of the tests. ``--batch``
+(comma-separated, default 1) builds each model at each batch size (the leading dimension of every input;
+GPT-2: that many sequences decoded at once, each over its own cache), compiles and times it: one row per
+(model, batch).
+
+Per row: roller's compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), its latency,
+and its peers' latencies with as many threads: onnxruntime; OpenVINO's CPU plugin where ``openvino``
+imports (roller.models.frontend.openvino_runner, as check_against_onnxruntime; ``--no-openvino`` skips it;
+without it the script runs as before and says OpenVINO was not available); PyTorch eager running the same
+graph node by node (scripts/torch_eager.py; where torch is importable and not ``--no-torch``; the faster of
+one thread and the device's cores). Every output is checked against onnxruntime's (rtol = atol = 1e-3 for
+float32); a peer whose outputs differ is not timed (OpenVINO, with the reason) or not a peer (PyTorch).
+
+The timing: roller and every peer are timed alternately in the same rounds of this process (``--rounds``,
+roller.measure.timing.time_rounds), each after a settle pause (SETTLE_SECONDS: the previous one's thread
+pool stops spinning) and a warm-up, never beside each other's threads; with ``--threads 1`` each latency is
+this thread's CPU time per run. Latencies are medians over the rounds. The fastest peer is the one of lowest
+median latency, and ``peer / roller`` its paired ratio to roller (the median over the rounds of the round's
+ratio, roller.measure.timing.paired_ratio and fastest_peer; > 1: roller is faster). TVM's default pipeline
+(``tvm.compile`` of the imported module: legalized, fused, unscheduled) is timed apart, from
+``--tvm-runs`` runs, since it is slow.
+
+Prints a Markdown table and writes it with a JSON file to ``--out`` (default build/bench_models/); each
+JSON row has ``model``, ``batch``, ``peers``, ``fastest_peer``, ``fastest_peer_over_roller``, each
+peer's ``*_latency_seconds`` (``openvino_over_roller`` and ``ort_over_roller`` paired too) and
+``openvino_skipped`` where OpenVINO was left out, with why. Only the models built in code are taken (no
+ONNX files), so every batch size is one of the model's own construction.
 """
 from __future__ import annotations
 
