@@ -1,23 +1,42 @@
-"""Whole models: roller against onnxruntime and TVM's default Relax pipeline, in one run.
+"""Whole models: roller against the best CPU runtimes (onnxruntime, OpenVINO, PyTorch eager) and TVM's default Relax pipeline, in one run.
 
     python3 scripts/bench_models.py                      # resnet50, bert (12 layers, seq 128), small ones
+    python3 scripts/bench_models.py --models resnet50,bert --batch 1,8   # one row per (model, batch)
     python3 scripts/bench_models.py --models resnet50 --profile   # also roller with top-10 profiling
     python3 scripts/bench_models.py --models cnn,block --tvm-runs 3
+    PYTHONPATH=/path/to/openvino python3 scripts/bench_models.py   # with OpenVINO as a peer
     PYTHONPATH=/path/to/torch python3 scripts/bench_models.py   # with a PyTorch eager column
 
-Models are built in code with random weights (tests/onnx_models.py; nothing is downloaded): ResNet-50
-v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers, 768 wide, 12 heads,
-MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks for one new token
-over a 32-token KV cache, the small CNN and transformer block of the tests. Per model: roller's
-compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), latency (median, timed
-alternately with onnxruntime in this process after a pause each, roller.measure.timing.time_rounds; the ratio to
-onnxruntime is the median of the rounds' ratios, roller.measure.timing.paired_ratio),
-onnxruntime's latency with as many threads, TVM's default pipeline (``tvm.compile`` of the imported
-module: legalized, fused, unscheduled; its latency from ``--tvm-runs`` runs since it is slow), PyTorch
-eager running the same graph node by node (scripts/torch_eager.py; where torch is importable; the
-faster of one thread and the device's cores), and every
-output checked against onnxruntime (rtol = atol = 1e-3 for float32). Prints a Markdown table and writes
-it with a JSON file to ``--out`` (default build/bench_models/).
+Models are built in code with random weights (tests/onnx_models.py through benchutil.models; nothing is
+downloaded): ResNet-50 v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers,
+768 wide, 12 heads, MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks
+for one new token over a 32-token KV cache, the small CNN and transformer block of the tests. ``--batch``
+(comma-separated, default 1) builds each model at each batch size (the leading dimension of every input;
+GPT-2: that many sequences decoded at once, each over its own cache), compiles and times it: one row per
+(model, batch).
+
+Per row: roller's compile seconds (``--no-profile``, and top-10 profiled with ``--profile``), its latency,
+and its peers' latencies with as many threads: onnxruntime; OpenVINO's CPU plugin where ``openvino``
+imports (roller.models.frontend.openvino_runner, as check_against_onnxruntime; ``--no-openvino`` skips it;
+without it the script runs as before and says OpenVINO was not available); PyTorch eager running the same
+graph node by node (scripts/torch_eager.py; where torch is importable and not ``--no-torch``; the faster of
+one thread and the device's cores). Every output is checked against onnxruntime's (rtol = atol = 1e-3 for
+float32); a peer whose outputs differ is not timed (OpenVINO, with the reason) or not a peer (PyTorch).
+
+The timing: roller and every peer are timed alternately in the same rounds of this process (``--rounds``,
+roller.measure.timing.time_rounds), each after a settle pause (SETTLE_SECONDS: the previous one's thread
+pool stops spinning) and a warm-up, never beside each other's threads; with ``--threads 1`` each latency is
+this thread's CPU time per run. Latencies are medians over the rounds. The fastest peer is the one of lowest
+median latency, and ``peer / roller`` its paired ratio to roller (the median over the rounds of the round's
+ratio, roller.measure.timing.paired_ratio and fastest_peer; > 1: roller is faster). TVM's default pipeline
+(``tvm.compile`` of the imported module: legalized, fused, unscheduled) is timed apart, from
+``--tvm-runs`` runs, since it is slow.
+
+Prints a Markdown table and writes it with a JSON file to ``--out`` (default build/bench_models/); each
+JSON row has ``model``, ``batch``, ``peers``, ``fastest_peer``, ``fastest_peer_over_roller``, each
+peer's ``*_latency_seconds`` (``openvino_over_roller`` and ``ort_over_roller`` paired too) and
+``openvino_skipped`` where OpenVINO was left out, with why. Only the models built in code are taken (no
+ONNX files), so every batch size is one of the model's own construction.
 """
 from __future__ import annotations
 
@@ -34,7 +53,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, 
 
 
 from benchutil import cpu_seconds, models  # noqa: E402
-from roller.measure.timing import paired_ratio, time_rounds  # noqa: E402
+from roller.measure.timing import fastest_peer, paired_ratio, time_rounds  # noqa: E402
 
 
 def _torch_runner(proto, threads: int):
@@ -46,6 +65,25 @@ def _torch_runner(proto, threads: int):
     from torch_eager import torch_runner
 
     return torch_runner(proto, threads)
+
+
+def _openvino(proto, threads: int, feeds, reference):
+    """(OpenVINO's no-argument call on ``feeds``, None), or (None, why it is left out): not importable,
+    failing to compile or run, or outputs that differ from onnxruntime's (``reference``). The runner is
+    roller.models.frontend.openvino_runner, the one check_against_onnxruntime times."""
+    from roller.models import frontend
+
+    try:
+        bind = frontend.openvino_runner(proto, threads)
+        if bind is None:
+            return None, "not available (the openvino package does not import)"
+        call = bind(feeds)
+        check = frontend.compare(call(), reference)
+    except Exception as e:  # noqa: BLE001  (an optional peer that fails is left out, and says why)
+        return None, f"failed: {type(e).__name__}: {e}"[:300]
+    if not check["matches"]:
+        return None, f"its outputs differ from onnxruntime's (max rel error {check['max_rel_error']:.2g}): not timed"
+    return call, None
 
 
 def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
@@ -69,13 +107,13 @@ def _tvm_default(proto, specs, target, runs: int, feeds) -> dict:
             "outputs": frontend.outputs_to_numpy(out)}
 
 
-def bench(name: str, proto, args) -> dict:
+def bench(name: str, proto, args, batch: int = 1) -> dict:
     import roller
     from roller.models import frontend
     from roller.tir.compile import target_for
 
     dev = roller.load_device(args.device)
-    row = {"model": name}
+    row = {"model": name, "batch": batch}
     cm = roller.compile_model(proto, dev, name=name)
     row["compile_seconds"] = cm.compile_seconds
     row["phases"] = cm.seconds
@@ -104,6 +142,14 @@ def bench(name: str, proto, args) -> dict:
         row["profiled_compile_seconds"] = cp.compile_seconds
         row["profiled_matches"] = frontend.compare(cp.run(feeds), reference)["matches"]
         impls.append(("roller_profiled", cp.run_fn(feeds)))
+    if args.no_openvino:
+        ov_call, row["openvino_skipped"] = None, "left out (--no-openvino)"
+    else:
+        ov_call, why = _openvino(proto, threads, feeds, reference)
+        if ov_call is None:
+            row["openvino_skipped"] = why
+        else:  # timed in the same rounds, after onnxruntime
+            impls.append(("openvino", ov_call))
     torch_run = None if args.no_torch else _torch_runner(proto, threads)
     if torch_run is not None:
         row["torch_matches"] = frontend.compare(torch_run(feeds), reference)["matches"]
@@ -119,6 +165,15 @@ def bench(name: str, proto, args) -> dict:
     row["ort_over_roller"] = paired_ratio(rounds["onnxruntime"], rounds["roller"])
     row["latency_seconds"] = times["roller"]
     row["onnxruntime_latency_seconds"] = times["onnxruntime"]
+    if ov_call is not None:
+        row["openvino_latency_seconds"] = times["openvino"]
+        row["openvino_over_roller"] = paired_ratio(rounds["openvino"], rounds["roller"])
+    # the peers: every other runtime timed in these rounds whose outputs match onnxruntime's
+    peers = ["onnxruntime"] + (["openvino"] if ov_call is not None else []) + \
+        ([k for k in times if k.startswith("torch_")] if torch_run is not None and row["torch_matches"] else [])
+    row["peers"] = peers
+    row["fastest_peer"], row["fastest_peer_over_roller"] = fastest_peer(rounds, peers)
+    row["fastest_peer_latency_seconds"] = times[row["fastest_peer"]]
     if torch_run is not None:
         row["torch_threads"] = min((k for k in times if k.startswith("torch_")), key=times.get)[len("torch_"):]
         row["torch_latency_seconds"] = times["torch_" + row["torch_threads"]]
@@ -142,8 +197,13 @@ def _ms(s):
     return "-" if s is None else f"{s * 1e3:.2f}"
 
 
+def _peer_name(peer: str) -> str:
+    return f"PyTorch {peer[len('torch_'):]}t" if peer.startswith("torch_") else {"openvino": "OpenVINO"}.get(peer, peer)
+
+
 def table(rows) -> str:
-    head = ("| model | roller compile s | roller ms | onnxruntime ms | ort / roller | PyTorch eager ms (threads) "
+    head = ("| model | batch | roller compile s | roller ms | onnxruntime ms | OpenVINO ms | PyTorch eager ms (threads) "
+            "| fastest peer | peer / roller "
             "| roller top-10: compile s, ms | TVM default: compile s, ms | max abs err | matches | functions (by rule) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -154,9 +214,9 @@ def table(rows) -> str:
         rules = ", ".join(f"{k} {v}" for k, v in sorted(r["by_rule"].items()))
         torch = (f"{_ms(r['torch_latency_seconds'])} ({r['torch_threads']}t)" + ("" if r["torch_matches"] else " (WRONG)")
                  if "torch_latency_seconds" in r else "-")
-        lines.append(f"| {r['model']} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
-                     f"{_ms(r['onnxruntime_latency_seconds'])} | "
-                     f"{r['ort_over_roller']:.2f} | {torch} | {prof} | {tvm} | "
+        lines.append(f"| {r['model']} | {r.get('batch', 1)} | {r['compile_seconds']:.1f} | {_ms(r['latency_seconds'])} | "
+                     f"{_ms(r['onnxruntime_latency_seconds'])} | {_ms(r.get('openvino_latency_seconds'))} | {torch} | "
+                     f"{_peer_name(r['fastest_peer'])} | {r['fastest_peer_over_roller']:.2f} | {prof} | {tvm} | "
                      f"{r['max_abs_error']:.2g} | {'yes' if r['matches'] else 'NO'} | {r['functions']} ({rules}) |")
     return "\n".join(lines)
 
@@ -170,7 +230,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")
     p.add_argument("--tvm-runs", type=int, default=1,
                    help="runs of TVM's default (unscheduled) build to time; 0 skips it (default 1: it is slow)")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes, each model compiled and timed at each "
+                                                "(one row per model and batch; default 1)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column even if torch imports")
+    p.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO peer even if openvino imports")
     p.add_argument("--ab-prepack", action="store_true",
                    help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
     p.add_argument("--ab-balance", action="store_true",
@@ -185,13 +248,19 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in makers]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose from {', '.join(makers)}")
+    try:
+        batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batch takes comma-separated integers, not {args.batch!r}")
+    if not batches or min(batches) < 1:
+        p.error(f"--batch takes positive batch sizes, not {args.batch!r}")
     from roller.tir.compile import set_threads
     import roller
     set_threads(args.threads or roller.load_device(args.device).units.count)
     rows = []
-    for n in names:
-        print(f"== {n}", file=sys.stderr)
-        rows.append(bench(n, makers[n](), args))
+    for n, b in [(n, b) for n in names for b in batches]:  # one row per (model, batch)
+        print(f"== {n} batch {b}", file=sys.stderr)
+        rows.append(bench(n, models(b)[n](), args, b))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if args.ab_prepack:
             r = rows[-1]
@@ -209,6 +278,15 @@ def main(argv=None) -> int:
     print(f"\nthreads: roller/TVM {threads}, onnxruntime intra-op {args.threads or roller.load_device(args.device).units.count}; "
           f"latency = median of {args.rounds} alternating rounds ({clock}); TVM default = median of {args.tvm_runs} run(s); "
           f"load {os.getloadavg()[0]:.2f}")
+    reasons = {r["openvino_skipped"] for r in rows if "openvino_skipped" in r}
+    if len(reasons) == 1 and all("openvino_skipped" in r for r in rows):  # e.g. not installed: said once
+        print(f"OpenVINO: {reasons.pop()}")
+    else:
+        for r in rows:
+            if "openvino_skipped" in r:
+                print(f"OpenVINO, {r['model']} batch {r['batch']}: {r['openvino_skipped']}")
+    print("peer / roller: the fastest peer's (lowest median) per-round ratio to roller, median over the rounds "
+          "(> 1: roller is faster); peers are the runtimes whose outputs match onnxruntime's")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_models.md").write_text(text + "\n")

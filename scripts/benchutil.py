@@ -24,20 +24,23 @@ from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternate
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 
 
-def models() -> dict:
+def models(batch: int = 1) -> dict:
     """{name: maker of the ONNX model} of the whole-model scripts (bench_models, model_breakdown,
-    prepack_ab): tests/onnx_models.py's models at benchmark sizes, random weights, nothing downloaded."""
+    prepack_ab): tests/onnx_models.py's models at benchmark sizes, random weights, nothing downloaded;
+    every one built with ``batch`` as its leading (batch) dimension (gpt2_decode: ``batch`` sequences
+    decoded at once, each over its own KV cache)."""
     if TESTS not in sys.path:
         sys.path.insert(0, TESTS)  # onnx_models: the test models, one definition
     import onnx_models as m
 
     return {
-        "resnet50": lambda: m.resnet50(),
-        "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like"),
-        "mobilenet_v2": lambda: m.mobilenet_v2(),
-        "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode"),
-        "cnn": lambda: m.small_cnn(size=96, channels=32),
-        "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768),
+        "resnet50": lambda: m.resnet50(batch=batch),
+        "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like",
+                                              batch=batch),
+        "mobilenet_v2": lambda: m.mobilenet_v2(batch=batch),
+        "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode", batch=batch),
+        "cnn": lambda: m.small_cnn(batch=batch, size=96, channels=32),
+        "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768, batch=batch),
     }
 
 

@@ -58,14 +58,15 @@ def small_cnn(batch: int = 1, size: int = 32, channels: int = 16, classes: int =
     return _model(nodes, [x], [y], inits, "small_cnn")
 
 
-def transformer_block(seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64, seed: int = 0):
-    """One pre-norm transformer encoder block on [1, seq, dim] (see :func:`transformer_encoder`)."""
-    return transformer_encoder(1, seq, dim, heads, hidden, seed, name="transformer_block")
+def transformer_block(seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64, seed: int = 0,
+                      batch: int = 1):
+    """One pre-norm transformer encoder block on [batch, seq, dim] (see :func:`transformer_encoder`)."""
+    return transformer_encoder(1, seq, dim, heads, hidden, seed, name="transformer_block", batch=batch)
 
 
 def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64,
-                        seed: int = 0, name: str = "transformer_encoder"):
-    """``layers`` pre-norm transformer encoder blocks on [1, seq, dim]: LayerNorm, QKV projections,
+                        seed: int = 0, name: str = "transformer_encoder", batch: int = 1):
+    """``layers`` pre-norm transformer encoder blocks on [batch, seq, dim]: LayerNorm, QKV projections,
     attention (scaled QK^T, softmax, V), output projection, residual add, LayerNorm, MLP with GELU (erf
     form), residual add (float32). BERT-base is layers=12, seq=128, dim=768, heads=12, hidden=3072."""
     from onnx import TensorProto, helper, numpy_helper
@@ -74,8 +75,8 @@ def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: in
     hd = dim // heads
     inits = [_init("scale", np.array(hd ** -0.5)), _init("half", np.array(0.5)), _init("one", np.array(1.0)),
              _init("rsqrt2", np.array(2 ** -0.5)),
-             numpy_helper.from_array(np.array([1, seq, heads, hd], np.int64), "split_shape"),
-             numpy_helper.from_array(np.array([1, seq, dim], np.int64), "merge_shape")]
+             numpy_helper.from_array(np.array([batch, seq, heads, hd], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([batch, seq, dim], np.int64), "merge_shape")]
     nodes = []
     x = "x"
     for n in range(layers):
@@ -97,8 +98,8 @@ def transformer_encoder(layers: int = 1, seq: int = 16, dim: int = 32, heads: in
             helper.make_node("Mul", [p + "m1", p + "g2"], [p + "g3"]),
             helper.make_node("Mul", [p + "g3", "half"], [p + "g4"])])
         x = out
-    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])
-    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, dim])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, dim])
     return _model(nodes, [xi], [yo], inits, name)
 
 
@@ -240,12 +241,13 @@ def mobilenet_v2(batch: int = 1, size: int = 224, classes: int = 1000, width: fl
 
 
 def gpt2_decoder(layers: int = 1, past: int = 32, dim: int = 768, heads: int = 12, seed: int = 0,
-                 name: str = "gpt2_decoder"):
+                 name: str = "gpt2_decoder", batch: int = 1):
     """``layers`` GPT-2 decoder blocks for one new token (decode, sequence 1) attending over a KV cache of
     ``past`` earlier tokens plus itself: LayerNorm, the fused QKV projection (dim -> 3 dim, Split), the new
     key and value appended to the cache (Concat), scaled q.K^T, softmax, .V, output projection, residual,
     LayerNorm, MLP (dim -> 4 dim, GELU in GPT-2's tanh form, -> dim), residual (float32). Inputs: ``x``
-    [1, 1, dim] and per layer ``past_k{n}`` / ``past_v{n}`` [1, heads, past, dim / heads]; output ``y``."""
+    [batch, 1, dim] and per layer ``past_k{n}`` / ``past_v{n}`` [batch, heads, past, dim / heads]; output ``y``
+    (``batch`` sequences decoded at once, each over its own cache)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -253,14 +255,15 @@ def gpt2_decoder(layers: int = 1, past: int = 32, dim: int = 768, heads: int = 1
     inits = [_init("scale", np.array(hd ** -0.5)), _init("half", np.array(0.5)), _init("one", np.array(1.0)),
              _init("c0", np.array((2 / np.pi) ** 0.5)), _init("c1", np.array(0.044715)),
              numpy_helper.from_array(np.array([dim] * 3, np.int64), "qkv_split"),
-             numpy_helper.from_array(np.array([1, 1, heads, hd], np.int64), "split_shape"),
-             numpy_helper.from_array(np.array([1, 1, dim], np.int64), "merge_shape")]
+             numpy_helper.from_array(np.array([batch, 1, heads, hd], np.int64), "split_shape"),
+             numpy_helper.from_array(np.array([batch, 1, dim], np.int64), "merge_shape")]
     nodes, inputs = [], []
     x = "x"
     for n in range(layers):
         p = f"l{n}_"
         inits += _block_weights(rng, p, dim, hidden, [("qkv", 3 * dim)], out_gain=0.3)
-        inputs += [helper.make_tensor_value_info(f"past_{t}{n}", TensorProto.FLOAT, [1, heads, past, hd]) for t in "kv"]
+        inputs += [helper.make_tensor_value_info(f"past_{t}{n}", TensorProto.FLOAT, [batch, heads, past, hd])
+                   for t in "kv"]
         nodes += [
             helper.make_node("LayerNormalization", [x, p + "ln1_g", p + "ln1_b"], [p + "h"], axis=-1, epsilon=1e-5),
             helper.make_node("MatMul", [p + "h", p + "wqkv"], [p + "qkv0"]),
@@ -288,8 +291,8 @@ def gpt2_decoder(layers: int = 1, past: int = 32, dim: int = 768, heads: int = 1
             helper.make_node("Mul", [p + "m1", p + "g2"], [p + "g3"]),
             helper.make_node("Mul", [p + "g3", "half"], [p + "g4"])])
         x = out
-    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, dim])
-    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, dim])
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 1, dim])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 1, dim])
     return _model(nodes, [xi] + inputs, [yo], inits, name)
 
 

@@ -22,7 +22,8 @@ CASE = "bert_rowsum_128x768"  # a small suite case: one 128x768 row sum
 SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "ab_first_plans": (["TMP/plans.json", "TMP/plans.json", CASE, "--rounds", "1"], r"old/new paired \d", True),
     "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
-    "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--out", "TMP/bm"], r"\| cnn", True),
+    "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--batch", "1,2", "--out", "TMP/bm"],
+                     r"\| cnn \| 2 \|[^\n]*\| (onnxruntime|OpenVINO) \| \d", True),  # batch 2's row names its fastest peer
     "bench_ops": (["--smoke", "--rounds", "1"], r"add_relu", True),
     "bench_rows": (["--cases", "^softmax", "--rounds", "1"], r"softmax", True),
     "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs"], CASE, True),
@@ -132,3 +133,35 @@ def test_smoke(name, tmp_path, request):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert re.search(expect, out), out[-3000:]
+
+
+def test_bench_models_fastest_peer_from_rounds(monkeypatch):
+    """bench_models' fastest peer: of the peers listed (a runtime whose outputs differ is not one), the
+    lowest median over the rounds, not the lowest single round; its ratio to roller is paired (the median
+    of the rounds' ratios), not the ratio of the medians. Fake rounds: no timing."""
+    import importlib.util
+
+    from roller.measure.timing import fastest_peer
+
+    rounds = {"roller": [1.0, 2.0, 1.5],
+              "onnxruntime": [2.0, 2.0, 2.0],
+              "openvino": [1.2, 3.0, 1.0],  # median 1.2: the fastest peer
+              "torch_1": [0.5, 9.0, 9.0],  # the fastest single round, a slow median
+              "roller_profiled": [0.1, 0.1, 0.1]}  # timed in the rounds, not a peer
+    peer, ratio = fastest_peer(rounds, ["onnxruntime", "openvino", "torch_1"])
+    assert peer == "openvino"
+    assert ratio == pytest.approx(1.2)  # rounds' ratios 1.2, 1.5, 0.67; the medians' ratio would be 0.8
+    assert fastest_peer(rounds, ["onnxruntime"]) == ("onnxruntime", pytest.approx(4 / 3))
+    assert fastest_peer({"roller": [1.0], "a": [2.0], "b": [2.0]}, ["b", "a"])[0] == "b"  # a tie: the first listed
+    with pytest.raises(ValueError):
+        fastest_peer(rounds, [])
+    # the table names it and gives the ratio
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location("bench_models_under_test", SCRIPTS / "bench_models.py")
+    bm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bm)
+    row = {"model": "m", "batch": 8, "compile_seconds": 1.0, "latency_seconds": 1.5e-3, "by_rule": {"roller": 1},
+           "onnxruntime_latency_seconds": 2e-3, "openvino_latency_seconds": 1.2e-3, "fastest_peer": peer,
+           "fastest_peer_over_roller": ratio, "max_abs_error": 0.0, "matches": True, "functions": 1}
+    assert "| m | 8 | 1.0 | 1.50 | 2.00 | 1.20 | - | OpenVINO | 1.20 |" in bm.table([row])
+    assert "| PyTorch 1t |" in bm.table([dict(row, fastest_peer="torch_1")])

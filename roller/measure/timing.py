@@ -105,3 +105,13 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> fl
     within seconds) the two times of one round saw the same speed, and their ratio cancels it; the ratio of
     the two medians does not, as each median may fall in a round of another speed."""
     return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
+
+
+def fastest_peer(rounds: dict[str, Sequence[float]], peers: Sequence[str], base: str = "roller") -> tuple[str, float]:
+    """Of ``peers`` (names in ``rounds``, :func:`time_rounds`), the one of lowest median seconds over the
+    rounds, and its :func:`paired_ratio` to ``base`` (peer / base per round, their median: > 1, ``base`` is
+    the faster). The choice is by medians, the ratio by rounds; a tie goes to the first peer listed."""
+    if not peers:
+        raise ValueError("no peers to choose from")
+    best = min(peers, key=lambda name: statistics.median(rounds[name]))
+    return best, paired_ratio(rounds[best], rounds[base])
