@@ -28,7 +28,7 @@ import numpy as np
 from roller.device.load import load_device
 from roller.device.spec import Device
 from roller.errors import ModelError
-from roller.measure.timing import paired_ratio, time_rounds
+from roller.measure.timing import fastest_peer, paired_ratio, time_rounds
 from roller.models.relax_pass import PROFILE_BUDGET_SECONDS
 from roller.models.relax_steps import build_module, legalize_and_fuse, random_arrays, relax_inputs
 
@@ -518,7 +518,7 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
             result[f"{name}_latency_seconds"] = float(np.median(times[name]))
             result[f"{name}_over_roller"] = paired_ratio(times[name], times["roller"])
         result["peers"] = peers
-        result["fastest_peer"] = min(peers, key=lambda n: result[f"{n}_latency_seconds"])
+        result["fastest_peer"] = fastest_peer(times, peers)[0]
         result["timing"] = {"rounds": rounds, "settle_seconds": SETTLE_SECONDS, "warmup_seconds": WARMUP_SECONDS,
                             "batch_seconds": TARGET_BATCH_SECONDS}
     result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(MODEL_TOLERANCE)}
