@@ -1,0 +1,210 @@
+"""PyTorch without ONNX: a TorchDynamo backend that compiles each captured graph with roller.
+
+    import torch, roller.models.dynamo           # the import registers the backend name "roller" too
+    fast = torch.compile(model, backend="roller")  # or roller.models.dynamo.compile(model, example_inputs)
+    y = fast(x)                                  # torch tensors in, torch tensors out
+
+Dynamo hands :func:`roller_backend` each FX graph it captures with example inputs. The graph is imported
+with TVM's ``from_fx`` at the example inputs' shapes and dtypes, its weights (the module's parameters and
+buffers, which Dynamo passes as graph inputs) bound as constants, compiled by
+:func:`roller.models.frontend.compile_model` (through the kernel cache by default), and run by the Relax VM.
+
+- Weights are frozen at compile time: for inference. Changing a parameter in place afterwards is not seen
+  (compile again); the returned callable ignores the weight arguments Dynamo passes.
+- Inputs and outputs are torch CPU tensors, exchanged through DLPack without copies. An input is copied
+  (once per call) only where TVM's DLPack import refuses it: non-contiguous, or data not 64-byte aligned (a
+  view at an offset). Outputs are the VM's own tensors, shared with torch, not copied.
+- Graphs it cannot handle run eagerly (``gm.forward``) with one ``warnings.warn`` naming the reason: an op
+  ``from_fx`` does not import, symbolic shapes (Dynamo's recompile with ``dynamic`` shapes; static shapes
+  only for now), non-CPU or non-tensor inputs, or a failure to compile.
+
+torch is imported inside the functions only: roller does not depend on it (``pip install 'roller[torch]'``).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+BACKEND_NAME = "roller"
+_ALIGNMENT = 64  # tvm.runtime.from_dlpack's required alignment (bytes)
+
+
+class _Unsupported(Exception):
+    """A graph this backend does not compile (the reason is the message)."""
+
+
+def _is_weight(node, value) -> bool:
+    """Whether a placeholder Dynamo lifted is a module parameter or buffer (bound as a constant)."""
+    import torch
+
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    arg = node.meta.get("grapharg")
+    name = arg.source.name if arg is not None and arg.source is not None else ""
+    name = name() if callable(name) else str(name)
+    return "._parameters[" in name or "._buffers[" in name
+
+
+def _freeze_weights(gm, example_inputs):
+    """A copy of ``gm`` whose weight placeholders are attributes (get_attr, which from_fx binds as
+    constants); returns (the copy, the positions of the remaining inputs)."""
+    import copy
+
+    import torch
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise _Unsupported(f"{len(placeholders)} graph inputs against {len(example_inputs)} example inputs")
+    graph = copy.deepcopy(gm.graph)
+    frozen = torch.fx.GraphModule(gm, graph)
+    nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    keep = []
+    for i, (node, orig, value) in enumerate(zip(nodes, placeholders, example_inputs)):
+        if not isinstance(value, torch.Tensor):
+            raise _Unsupported(f"input {orig.name} is a {type(value).__name__}, not a tensor: symbolic "
+                               "shapes (Dynamo marks sizes dynamic when it recompiles; static shapes only: "
+                               "torch.compile(..., dynamic=False))")
+        if value.device.type != "cpu":
+            raise _Unsupported(f"input {orig.name} is on {value.device}; roller's backend runs on the CPU")
+        if _is_weight(orig, value):
+            attr = f"_roller_weight_{i}"
+            frozen.register_buffer(attr, value.detach())
+            with graph.inserting_before(first):
+                get = graph.get_attr(attr)
+            node.replace_all_uses_with(get)
+            graph.erase_node(node)
+        else:
+            keep.append(i)
+    frozen.recompile()
+    return frozen, keep
+
+
+def _batch_norm(node, importer):
+    """``torch.nn.functional.batch_norm`` in eval mode (running statistics), which TVM 0.27's from_fx lacks
+    (Dynamo's graphs call it rather than the nn.BatchNorm2d module from_fx knows)."""
+    from tvm import relax
+
+    names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+    defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
+    arg = {**defaults, **dict(zip(names, node.args)), **node.kwargs}
+    if arg["training"]:
+        raise ValueError("batch_norm in training mode (batch statistics) is not supported: call model.eval()")
+    x = importer.env[arg["input"]]
+    mean, var = importer.env[arg["running_mean"]], importer.env[arg["running_var"]]
+    channels = (importer.shape_of(x)[1],)
+    dtype = x.ty.dtype
+    weight = importer.env[arg["weight"]] if arg["weight"] is not None else relax.op.ones(channels, dtype)
+    bias = importer.env[arg["bias"]] if arg["bias"] is not None else relax.op.zeros(channels, dtype)
+    out = importer.block_builder.emit(relax.op.nn.batch_norm(x, weight, bias, mean, var, axis=1,
+                                                             epsilon=float(arg["eps"]), training=False))
+    return importer.block_builder.emit(relax.TupleGetItem(out, 0))
+
+
+def _to_tvm(t):
+    """A torch CPU tensor as a TVM tensor sharing its memory; copied only where DLPack import refuses it."""
+    import torch
+    import tvm
+
+    t = t.detach()
+    if not t.is_contiguous() or t.data_ptr() % _ALIGNMENT:
+        t = t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
+    return tvm.runtime.from_dlpack(t)
+
+
+def _to_torch(result) -> list:
+    import torch
+
+    if hasattr(result, "__dlpack__"):
+        return [torch.from_dlpack(result)]
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [x for r in result for x in _to_torch(r)]
+
+
+def _compile_graph(gm, example_inputs, options: dict) -> Callable:
+    try:
+        from tvm.relax.frontend.torch import from_fx
+    except ImportError as e:  # pragma: no cover (TVM without its torch frontend)
+        raise _Unsupported(f"TVM's torch frontend does not import: {e}") from e
+
+    from roller.models.frontend import compile_model
+
+    frozen, keep = _freeze_weights(gm, example_inputs)
+    input_info = []
+    for i in keep:
+        t = example_inputs[i]
+        if any(not isinstance(s, int) for s in t.shape):
+            raise _Unsupported("symbolic shapes (static shapes only)")
+        input_info.append((tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+    try:
+        mod = from_fx(frozen, input_info, custom_convert_map={"batch_norm": _batch_norm})
+    except Exception as e:
+        raise _Unsupported(f"TVM's from_fx does not import the graph: {type(e).__name__}: {e}") from e
+    try:
+        cm = compile_model(mod, **{"name": "torch_graph", **options})
+    except Exception as e:
+        raise _Unsupported(f"compiling failed: {type(e).__name__}: {e}") from e
+    main = cm.vm()["main"]
+    n_out = sum(1 for _ in _outputs(gm))
+
+    def run(*args):
+        out = _to_torch(main(*[_to_tvm(args[i]) for i in keep]))
+        if len(out) != n_out:  # pragma: no cover (a nested output structure this version does not rebuild)
+            raise RuntimeError(f"roller: {len(out)} outputs against the graph's {n_out}")
+        return tuple(out)
+
+    run.compiled_model = cm  # the report, the seconds
+    return run
+
+
+def _outputs(gm):
+    """The graph's output values (Dynamo's graphs return a flat tuple)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    args = out.args[0]
+    return args if isinstance(args, (tuple, list)) else (args,)
+
+
+def roller_backend(gm, example_inputs: Sequence[Any], options: dict | None = None) -> Callable:
+    """The TorchDynamo backend: ``torch.compile(model, backend=roller_backend)`` (or ``backend="roller"``).
+
+    Returns a callable running ``gm`` compiled by roller (see the module's docstring), or ``gm.forward``
+    with one warning naming the reason where the graph cannot be imported or compiled. ``options`` (what
+    ``torch.compile(..., options={...})`` passes) go to :func:`roller.models.frontend.compile_model`.
+    """
+    import torch
+
+    outs = list(_outputs(gm))
+    if any(not isinstance(o, torch.fx.Node) for o in outs):
+        reason = "the graph returns non-tensor values"
+    else:
+        try:
+            return _compile_graph(gm, list(example_inputs), dict(options or {}))
+        except _Unsupported as e:
+            reason = str(e)
+    first = reason.splitlines()[0] if reason else "unknown"
+    warnings.warn(f"roller: running this graph eagerly: {first}", RuntimeWarning, stacklevel=2)
+    return gm.forward
+
+
+def register() -> None:
+    """Registers the backend name "roller" with Dynamo (the package's entry point does it for an
+    installed roller; this covers a source checkout on PYTHONPATH). Idempotent."""
+    from torch._dynamo import list_backends, register_backend
+
+    if BACKEND_NAME not in list_backends(exclude_tags=()):
+        register_backend(roller_backend, name=BACKEND_NAME)
+
+
+def compile(model, example_inputs: Sequence[Any] | None = None, **options) -> Callable:  # noqa: A001
+    """``torch.compile(model, backend="roller", dynamic=False)``: static shapes, one compile per new input
+    shape. With ``example_inputs`` the model is compiled (called once) here rather than at its first call.
+    ``options`` go to :func:`roller.models.frontend.compile_model` (e.g. ``device``, ``cache``)."""
+    import torch
+
+    register()
+    compiled = torch.compile(model, backend=BACKEND_NAME, dynamic=False, options=options or None)
+    if example_inputs is not None:
+        with torch.no_grad():
+            compiled(*example_inputs)
+    return compiled
