@@ -1,20 +1,22 @@
-import dataclasses
 """Transposed packs in registers (roller.targets.cpu.transpose): the butterfly transposes, whole blocks of a
 linear layer's [N, K] weight are shuffled, an overhanging tile's copy stays scattered, and the model
 counts the two apart. Every kernel is checked against numpy."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 from roller.plan.choices import estimate_tiles
 from roller.tir import ops
 from roller.builder.api import analyze
-from roller.targets import build, schedule
+from roller.targets import schedule
 from roller.targets.cpu import transpose
 from roller.targets import construct
 from roller.device.load import load_device
-from roller.measure.verify import TOLERANCE
 from roller.plan.rtile import layout_expr
 from roller.plan.tails import transposed_elements
+
+from kernel_check import check_plan  # tests/ is on sys.path under pytest
 
 DEV = load_device("x86-avx512")
 
@@ -40,14 +42,7 @@ def _nt_matmul(shape):
 
 
 def _check(spec, full, expr, func, program, arrays):
-    import tvm
-
-    kernel = build(func, expr, program, DEV)["main"]
-    ref = spec.reference(arrays, full)
-    tensors = [tvm.runtime.tensor(a) for a in arrays] + [tvm.runtime.tensor(np.full(ref.shape, np.nan, "float32"))]
-    kernel(*tensors)
-    rtol, atol = TOLERANCE["float32"]
-    np.testing.assert_allclose(tensors[-1].numpy(), ref, rtol=rtol, atol=atol)
+    check_plan(spec, full, expr, func, program, DEV, arrays)
 
 
 def test_whole_blocks_of_a_transposed_pack_are_shuffled():

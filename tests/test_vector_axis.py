@@ -1,6 +1,7 @@
-import dataclasses
 """The vector axis is a plan choice (roller.plan.rtile.vector_candidates, ranked by the model): the cases where
 a fixed 'most bytes' rule picked a reduction with a tiny register tile, pinned, and built against numpy."""
+import dataclasses
+
 import numpy as np
 import pytest
 
