@@ -1,4 +1,5 @@
-"""Test-session defaults: the kernel cache lives in a temp dir, never in the user's cache.
+"""Test-session defaults: the kernel cache lives in a temp dir, never in the user's cache; ``device`` is this
+machine's device (a test file that plans for a shipped spec defines its own ``device`` fixture).
 
 The session shares that cache: a test about how kernels are built (workers, budgets, crashes) or one that
 patches the policy or code generator and then builds must pass ``cache=False`` / ``--no-cache`` (the key
@@ -18,3 +19,11 @@ def _session_kernel_cache(tmp_path_factory):
         os.environ.pop("ROLLER_CACHE", None)
     else:
         os.environ["ROLLER_CACHE"] = saved
+
+
+@pytest.fixture(scope="session")
+def device():
+    """This machine's device (``roller.load_device()``), loaded once for the session."""
+    from roller.device import load_device
+
+    return load_device()

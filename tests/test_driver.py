@@ -16,11 +16,6 @@ from roller.models.relax_pass import FunctionStep, ScheduleModule  # noqa: E402
 from roller.models.rules import Declined, RollerRule, RowWiseRule, Scheduled, default_rules  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def device():
-    return roller.load_device()
-
-
 def _model():
     """MatMul + bias (roller's one-block rule), then softmax (the row-wise rule): distinct functions."""
     w = np.random.default_rng(0).normal(size=(32, 24)).astype(np.float32)

@@ -105,6 +105,19 @@ class _FakeModel:
         return [self.run_fn(feeds)().numpy()]
 
 
+def _fake_onnxruntime(monkeypatch, clock, engine):
+    """The check's onnxruntime session and the timing's clock replaced: the session runs ``engine`` (an
+    _Engine on ``clock``) and returns one output the fake roller model's output matches."""
+    class Session:
+        def run(self, names, feeds):
+            engine()
+            return [np.ones(4, np.float32)]
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
+    monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
+
+
 def test_check_times_each_engine_after_its_warm_up(monkeypatch):
     """check_against_onnxruntime against two fake engines, each 4x slower (onnxruntime) or 2x slower
     (roller) for 0.1 s after every pause of over 50 ms: both latencies are the steady 1 ms and the paired
@@ -113,15 +126,7 @@ def test_check_times_each_engine_after_its_warm_up(monkeypatch):
     clock = _Clock()
     ours = _Engine(2e-3, 1e-3, 0.1, after_pause=0.05, clock=clock)
     theirs = _Engine(4e-3, 1e-3, 0.1, after_pause=0.05, clock=clock)
-
-    class Session:
-        def run(self, names, feeds):
-            theirs()
-            return [np.ones(4, np.float32)]
-
-    monkeypatch.setattr(timing, "time", clock)
-    monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
-    monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
+    _fake_onnxruntime(monkeypatch, clock, theirs)
     check = frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx", openvino=False)
     assert check["matches"]
     assert check["onnxruntime_latency_seconds"] == pytest.approx(1e-3, rel=0.01)
@@ -135,15 +140,7 @@ def _fake_peers(monkeypatch, openvino_runner):
     clock = _Clock()
     ours = _Engine(2e-3, 2e-3, 0.0, clock=clock)
     theirs = _Engine(1e-3, 1e-3, 0.0, clock=clock)
-
-    class Session:
-        def run(self, names, feeds):
-            theirs()
-            return [np.ones(4, np.float32)]
-
-    monkeypatch.setattr(timing, "time", clock)
-    monkeypatch.setattr(frontend, "load_onnx", lambda model: model)
-    monkeypatch.setattr(frontend, "onnxruntime_session", lambda proto, threads: Session())
+    _fake_onnxruntime(monkeypatch, clock, theirs)
     monkeypatch.setattr(frontend, "openvino_runner", openvino_runner(clock))
     return frontend.check_against_onnxruntime(_FakeModel(ours), "model.onnx")
 

@@ -19,11 +19,6 @@ from roller.plan.tails import copy_bytes
 from roller.tir.layout import index_maps, pack_constant
 
 
-@pytest.fixture(scope="module")
-def device():
-    return roller.load_device()
-
-
 @pytest.mark.parametrize("layout", [
     PackedLayout((3, 3, 8, 20), ((3, 3, 8, 8),), ((0, 1, 2, 3), (0, 1, 2, 3))),      # tiles overhang 20 by 8
     PackedLayout((6, 10), ((4, 10),), ((0, 1), (1, 0))),                          # transposed within a tile

@@ -19,17 +19,12 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import roller  # noqa: E402
 from roller import cli
 from roller.models import frontend
-from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
+from roller.tir.compile import target_for  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from relax_helpers import _graph  # noqa: E402
 
 pytestmark = pytest.mark.build
-
-
-@pytest.fixture(scope="module")
-def device():
-    return roller.load_device()
 
 
 def _scheduled_by(cm) -> dict[str, str]:
@@ -122,7 +117,7 @@ def test_shape_chains_are_folded_before_import(device):
     model = onnx_models.chunk_shuffle()
     specs = frontend.onnx_inputs(model)
     with pytest.raises(AssertionError, match="ShapeExpr"):  # TVM's importer alone: the reason for the fold
-        legalize_and_fuse(frontend.import_onnx(model, specs), tvmutil.target_for(device), "NHWC", True)
+        legalize_and_fuse(frontend.import_onnx(model, specs), target_for(device), "NHWC", True)
     cm = roller.compile_model(model, device)
     assert cm.folded and "folded by onnxruntime" in cm.folded and "0 shape nodes left" in cm.folded
     assert cm.to_dict()["graph_folded"] == cm.folded

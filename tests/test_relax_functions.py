@@ -16,17 +16,12 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import roller  # noqa: E402
 from roller.models import frontend
-from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
+from roller.tir.compile import target_for  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from relax_helpers import _graph  # noqa: E402
 
 pytestmark = pytest.mark.build
-
-
-@pytest.fixture(scope="module")
-def device():
-    return roller.load_device()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +262,7 @@ def test_call_counts(device):
 
     model = onnx_models.transformer_encoder(2)
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tir.compile.target_for(device))
+                                     target_for(device))
     counts = call_counts(mod)
     assert counts["layer_norm"] == 4, counts  # two per layer, one function
     assert counts["fast_softmax"] == 2, counts
@@ -297,7 +292,6 @@ def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
 
     from roller.models.frontend import import_onnx, legalize_and_fuse, onnx_inputs
     from roller.models.constants import constant_bytes, constants_device
-    from roller.tir.compile import target_for
 
     rng = np.random.default_rng(3)
     x, w = rng.normal(size=(4, 256)).astype(np.float32), rng.normal(size=(256, 512)).astype(np.float32)

@@ -14,7 +14,7 @@ from onnx import helper  # noqa: E402
 
 import roller  # noqa: E402
 from roller.models import frontend
-from roller.tir import compile as tvmutil  # noqa: E402,F401  (roller.tvmutil.target_for below)
+from roller.tir.compile import target_for  # noqa: E402
 from roller.models.relax_pass import ScheduleModule, is_scheduled  # noqa: E402
 from roller.models.rules import Declined, GenericRule, RollerRule, RowWiseRule, Scheduled  # noqa: E402
 
@@ -22,11 +22,6 @@ import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from relax_helpers import _graph  # noqa: E402
 
 pytestmark = pytest.mark.build
-
-
-@pytest.fixture(scope="module")
-def device():
-    return roller.load_device()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,7 +34,7 @@ def test_roller_schedules_every_function_it_accepts(device):
 
     model = onnx_models.small_cnn(size=16)
     specs = frontend.onnx_inputs(model)
-    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, specs), roller.tir.compile.target_for(device))
+    mod = frontend.legalize_and_fuse(frontend.import_onnx(model, specs), target_for(device))
     sched = ScheduleModule(device)
     out = sched(mod)
     by = {r.name: r for r in sched.report}
@@ -63,7 +58,7 @@ def test_identical_functions_are_scheduled_once(device):
     model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (8, 32)}, (8, 16),
                    [("w", np.ones((32, 16)))])
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tir.compile.target_for(device))
+                                     target_for(device))
     name = next(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
     mod[tvm.ir.GlobalVar("zz_copy")] = mod[name]
     # (with prepacking a function is the same only with the same constant parameters: the copy has no call)
@@ -202,7 +197,7 @@ def _fused(model, device):
     import tvm
 
     mod = frontend.legalize_and_fuse(frontend.import_onnx(model, frontend.onnx_inputs(model)),
-                                     roller.tir.compile.target_for(device))
+                                     target_for(device))
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
@@ -236,7 +231,7 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     import tvm
 
     asm = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
-                      tvmutil.target_for(device)).mod.inspect_source("asm")
+                      target_for(device)).mod.inspect_source("asm")
     assert "TVMBackendAllocWorkspace@" not in asm  # a "local" buffer was allocated a row
 
 
