@@ -203,7 +203,7 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
     target = target_of(dev)
     if target.offline:  # the family's own build path (a GPU's: compiled offline, checked against its limits)
-        return target.build_offline(func, dev, topk, labels, check, profile)
+        return target.build_offline(func, expr, dev, topk, labels, check, profile)
     key = None
 
     def compile_() -> BuildResult:

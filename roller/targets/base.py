@@ -14,7 +14,7 @@ class Target:
     - ``schedule(func, expr, program, device, notes)``: the ``tvm.s_tir.Schedule`` that executes a plan.
     - ``calibrate(device, quick, progress)``: the device's calibration dict, measured by its microbenchmarks.
     - ``build_offline``: None where kernels are built, checked and timed here (the builder's worker farm);
-      otherwise ``(func, device, topk, labels, check, profile) -> result``, the family's own build path
+      otherwise ``(func, expr, device, topk, labels, check, profile) -> result``, the family's own build path
       (a GPU's plans compiled offline, checked against its limits, timed only where the GPU is present).
     """
 

@@ -24,10 +24,10 @@ def _calibrate(device, quick: bool = False, progress: bool = True) -> dict:
     return calibrate_gpu(device, quick=quick)
 
 
-def _build_offline(func, device, topk: int, labels, check, profile: bool):
+def _build_offline(func, expr, device, topk: int, labels, check, profile: bool):
     from roller.targets.cuda.build import build_offline
 
-    return build_offline(func, device, topk, labels, check, profile)
+    return build_offline(func, expr, device, topk, labels, check, profile)
 
 
 TARGET = Target(kind="gpu", construct=_construct, schedule=_schedule, calibrate=_calibrate,

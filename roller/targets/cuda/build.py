@@ -212,18 +212,12 @@ def build_gpu(func, device: Device, topk: int, labels: Mapping[str, Any], inputs
 
 
 
-def build_offline(func, device: Device, topk: int, labels: Mapping[str, Any], check, profile: bool) -> GpuBuildResult:
-    """The GPU target's build path (``Target.build_offline``): with ``profile`` and the spec's GPU in this
-    machine, the kept plans are checked and timed on it whatever their size; otherwise the model ranks them
-    and the chosen one's OpenCL twin is checked where the operator is small enough. ``check()`` makes the
-    (inputs, reference) only where they are used."""
+def build_offline(func, expr: Expr, device: Device, topk: int, labels: Mapping[str, Any], check,
+                  profile: bool) -> GpuBuildResult:
+    """The GPU target's build path (``Target.build_offline``; ``expr`` is ``func``'s analysed Expr): with
+    ``profile`` and the spec's GPU in this machine, the kept plans are checked and timed on it whatever their
+    size; otherwise the model ranks them and the chosen one's OpenCL twin is checked where the operator is small
+    enough. ``check()`` makes the (inputs, reference) only where they are used."""
     runtime = default_runtime(device) if profile else None
-    expr_flops = _flops(func)
-    inputs, reference = check() if runtime is not None or expr_flops <= TWIN_FLOP_LIMIT else (None, None)
+    inputs, reference = check() if runtime is not None or expr.flops <= TWIN_FLOP_LIMIT else (None, None)
     return build_gpu(func, device, topk, labels, inputs, reference, runtime=runtime)
-
-
-def _flops(func) -> float:
-    from roller.tir.analysis import analyze_fused
-
-    return analyze_fused(func)[0].flops
