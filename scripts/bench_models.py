@@ -35,8 +35,9 @@ ratio, roller.measure.timing.paired_ratio and fastest_peer; > 1: roller is faste
 Prints a Markdown table and writes it with a JSON file to ``--out`` (default build/bench_models/); each
 JSON row has ``model``, ``batch``, ``peers``, ``fastest_peer``, ``fastest_peer_over_roller``, each
 peer's ``*_latency_seconds`` (``openvino_over_roller`` and ``ort_over_roller`` paired too) and
-``openvino_skipped`` where OpenVINO was left out, with why. Only the models built in code are taken (no
-ONNX files), so every batch size is one of the model's own construction.
+``openvino_skipped`` where OpenVINO was left out, with why. Models are the ones built in code and ONNX
+files given by path: batch N is the file NAME_bN.onnx beside NAME.onnx (exported at that batch by
+scripts/export_models.py ``--batch N``), never a rewrite of the batch-1 graph.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # onnx_models: the test models, one definition
 
 
-from benchutil import cpu_seconds, models  # noqa: E402
+from benchutil import cpu_seconds, model_name, models  # noqa: E402
 from roller.measure.timing import fastest_peer, paired_ratio, time_rounds  # noqa: E402
 
 
@@ -223,7 +224,8 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(models()))
+    p.add_argument("--models", default="resnet50,bert,mobilenet_v2,gpt2_decode,cnn,block", help="comma-separated: " + ",".join(models())
+                   + ", or paths of ONNX files (scripts/export_models.py; batch N from NAME_bN.onnx beside each)")
     p.add_argument("--device", default=None)
     p.add_argument("--profile", action="store_true", help="also compile with top-K profiling (minutes)")
     p.add_argument("--topk", type=int, default=10)
@@ -243,8 +245,8 @@ def main(argv=None) -> int:
                         "this thread's CPU time per run, steadier on a shared machine")
     p.add_argument("--out", default="build/bench_models")
     args = p.parse_args(argv)
-    makers = models()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    makers = models(files=names)
     unknown = [n for n in names if n not in makers]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose from {', '.join(makers)}")
@@ -260,7 +262,11 @@ def main(argv=None) -> int:
     rows = []
     for n, b in [(n, b) for n in names for b in batches]:  # one row per (model, batch)
         print(f"== {n} batch {b}", file=sys.stderr)
-        rows.append(bench(n, models(b)[n](), args, b))
+        try:
+            proto = models(b, files=names)[n]()
+        except FileNotFoundError as e:
+            p.error(str(e))
+        rows.append(bench(model_name(n), proto, args, b))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if args.ab_prepack:
             r = rows[-1]

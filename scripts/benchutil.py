@@ -24,16 +24,36 @@ from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternate
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 
 
-def models(batch: int = 1) -> dict:
+def onnx_file(path: str, batch: int = 1):
+    """The ONNX model in file ``path`` (as scripts/export_models.py writes them) at ``batch``: the file
+    itself at batch 1, else NAME_bBATCH.onnx beside it (exported at that batch: a file's Reshape shapes
+    fix its batch, so it is not rewritten here)."""
+    import onnx
+
+    p = path if batch == 1 else f"{path[:-len('.onnx')]}_b{batch}.onnx"
+    if not os.path.exists(p):
+        hint = (f"; export it with scripts/export_models.py DIR --models NAME --batch {batch}" if batch != 1 else "")
+        raise FileNotFoundError(f"no ONNX file {p}{hint}")
+    return onnx.load(p)
+
+
+def model_name(name: str) -> str:
+    """The name a row shows: a built-in model's name, or an ONNX file's stem."""
+    return os.path.basename(name)[:-len(".onnx")] if name.endswith(".onnx") else name
+
+
+def models(batch: int = 1, files=()) -> dict:
     """{name: maker of the ONNX model} of the whole-model scripts (bench_models, model_breakdown,
     prepack_ab): tests/onnx_models.py's models at benchmark sizes, random weights, nothing downloaded;
     every one built with ``batch`` as its leading (batch) dimension (gpt2_decode: ``batch`` sequences
-    decoded at once, each over its own KV cache)."""
+    decoded at once, each over its own KV cache); plus each ``files`` path ending in .onnx, loaded by
+    :func:`onnx_file` (real architectures from scripts/export_models.py)."""
     if TESTS not in sys.path:
         sys.path.insert(0, TESTS)  # onnx_models: the test models, one definition
     import onnx_models as m
 
-    return {
+    built = {f: (lambda f=f: onnx_file(f, batch)) for f in files if f.endswith(".onnx")}
+    return built | {
         "resnet50": lambda: m.resnet50(batch=batch),
         "bert": lambda: m.transformer_encoder(12, seq=128, dim=768, heads=12, hidden=3072, name="bert_like",
                                               batch=batch),

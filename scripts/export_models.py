@@ -4,10 +4,12 @@
     PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models
     PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --models resnet50,gpt2
 
-Builds, with ``torch.onnx.export(..., dynamo=False)`` (the TorchScript exporter), opset 17, batch 1:
-torchvision classifiers at 224x224 (``weights=None``: random weights, input ``x`` 1x3x224x224) and Hugging
-Face encoders/decoders from their default configurations with random weights (input ``input_ids``
-1x128, int64; the output is the last hidden state). The Hugging Face models keep ``--layers`` transformer
+    PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --batch 8   # NAME_b8.onnx
+
+Builds, with ``torch.onnx.export(..., dynamo=False)`` (the TorchScript exporter), opset 17, batch 1 (or
+``--batch N``, written as NAME_bN.onnx): torchvision classifiers at 224x224 (``weights=None``: random
+weights, input ``x`` Nx3x224x224) and Hugging Face encoders/decoders from their default configurations
+with random weights (input ``input_ids`` Nx128, int64; the output is the last hidden state). The Hugging Face models keep ``--layers`` transformer
 layers (default 2, through the configuration: ``num_hidden_layers``, ``n_layers`` or ``n_layer``) so the
 export and the compile stay short; every other setting is the configuration's default.
 
@@ -25,7 +27,7 @@ import time
 import types
 from pathlib import Path
 
-IMAGE = (1, 3, 224, 224)
+IMAGE = (3, 224, 224)  # after the batch dimension
 SEQ = 128
 OPSET = 17
 
@@ -77,14 +79,14 @@ def _import_transformers():
     return transformers
 
 
-def _vision(name: str):
+def _vision(name: str, batch: int):
     torch = _import_torch()
     tvm_models = _import_torchvision()
     model = getattr(tvm_models, name)(weights=None).eval()
-    return model, (torch.randn(*IMAGE),), ["x"]
+    return model, (torch.randn(batch, *IMAGE),), ["x"]
 
 
-def _text(name: str, layers: int):
+def _text(name: str, layers: int, batch: int):
     torch = _import_torch()
     tf = _import_transformers()
     config_cls, model_cls, layer_field, mask = TEXT[name]
@@ -108,23 +110,23 @@ def _text(name: str, layers: int):
             extra = {"attention_mask": torch.ones_like(input_ids)} if mask else {}
             return self.inner(input_ids=input_ids, return_dict=True, **extra).last_hidden_state
 
-    ids = torch.randint(0, config.vocab_size, (1, SEQ), dtype=torch.int64)
+    ids = torch.randint(0, config.vocab_size, (batch, SEQ), dtype=torch.int64)
     return LastHidden(model), (ids,), ["input_ids"]
 
 
-def export(name: str, out: Path, layers: int) -> Path:
+def export(name: str, out: Path, layers: int, batch: int = 1) -> Path:
     torch = _import_torch()
     torch.manual_seed(0)
     # nn.MultiheadAttention's inference fast path is one aten::_native_multi_head_attention call, which
     # the TorchScript exporter cannot write (vit_b_16): the plain path exports as MatMul/Softmax
     if hasattr(torch.backends, "mha"):
         torch.backends.mha.set_fastpath_enabled(False)
-    model, args, inputs = _vision(name) if name in VISION else _text(name, layers)
+    model, args, inputs = _vision(name, batch) if name in VISION else _text(name, layers, batch)
     with torch.no_grad():  # a weight its initializer leaves all zeros (ViT's classifier head) would make the
         for p in model.parameters():  # output a constant and any comparison of outputs vacuous
             if p.dim() >= 2 and not p.any():
                 p.normal_(0.0, 0.02)
-    path = out / f"{name}.onnx"
+    path = out / (f"{name}.onnx" if batch == 1 else f"{name}_b{batch}.onnx")
     with torch.no_grad():
         torch.onnx.export(model, args, str(path), input_names=inputs, output_names=["y"], opset_version=OPSET,
                           dynamo=False, do_constant_folding=True)
@@ -136,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("out", nargs="?", help="folder the .onnx files are written to")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS))
     p.add_argument("--layers", type=int, default=2, help="transformer layers of the Hugging Face models (default 2)")
+    p.add_argument("--batch", type=int, default=1, help="the batch dimension (default 1; other sizes are "
+                   "written as NAME_bN.onnx beside the batch-1 file)")
     p.add_argument("--list", action="store_true", help="print the model names and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -144,6 +148,8 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         p.error("give the output folder (or --list)")
+    if args.batch < 1:
+        p.error(f"--batch takes a positive batch size, not {args.batch}")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -159,7 +165,7 @@ def main(argv=None) -> int:
         for n in names:
             t = time.perf_counter()
             try:
-                path = export(n, out, args.layers)
+                path = export(n, out, args.layers, args.batch)
             except MissingDependency:
                 raise
             except Exception as e:  # one model's exporter failure: say which and why, export the others

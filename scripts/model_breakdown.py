@@ -268,7 +268,7 @@ def breakdown(model: str, rounds: int, ort_runs: int, target: float, device=None
     dev = roller.load_device(device)
     threads = threads or dev.units.count
     set_threads(threads)  # (unless TVM_NUM_THREADS is set)
-    proto = models()[model]()
+    proto = models(files=[model])[model]()
     cm = roller.compile_model(proto, dev, name=model, cache=False)  # every function in the one library
     funcs, calls = roller_functions(cm)
     prof = OrtProfile(proto, threads)
@@ -375,7 +375,7 @@ def table(res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="mobilenet_v2", help="one of: " + ", ".join(models()))
+    p.add_argument("--model", default="mobilenet_v2", help="one of: " + ", ".join(models()) + ", or an ONNX file's path")
     p.add_argument("--device", default=None)
     p.add_argument("--rounds", type=int, default=5, help="timing rounds over all functions (median)")
     p.add_argument("--ort-runs", type=int, default=20, help="profiled onnxruntime runs (median per node)")
@@ -387,7 +387,7 @@ def main(argv=None) -> int:
                    help="also time each function alone on cold caches (benchutil.ColdTimer: 3 calls a round, "
                         "each after a write of twice the last cache): neither weights nor activations cached")
     args = p.parse_args(argv)
-    if args.model not in models():
+    if args.model not in models(files=[args.model]):
         p.error(f"unknown model {args.model!r}; choose from {', '.join(models())}")
     t = time.perf_counter()
     if args.threads:

@@ -330,3 +330,34 @@ def chunk_shuffle(channels: int = 8, size: int = 4, seed: int = 0):
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])
     return _model(nodes, [xi], [yo], inits, "chunk_shuffle")
+
+
+def mbconv_se(batch: int = 1, size: int = 16, channels: int = 16, expand: int = 4, seed: int = 0):
+    """EfficientNet's MBConv block as torchvision exports it: 1x1 expand + SiLU (Sigmoid, Mul), 3x3
+    depthwise + SiLU, squeeze-and-excitation (GlobalAveragePool, 1x1 conv + SiLU, 1x1 conv + Sigmoid, a Mul
+    of the feature map by the per-channel gate), 1x1 project, residual add (NCHW, float32, bias on every
+    conv as after batch-norm folding)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    c, e = channels, channels * expand
+    s = max(1, c // 4)
+    w = lambda *sh: rng.normal(0, (2.0 / np.prod(sh[1:])) ** 0.5, sh)  # noqa: E731
+    b = lambda n: rng.normal(0, 0.1, n)  # noqa: E731
+    inits = [_init("we", w(e, c, 1, 1)), _init("be", b(e)), _init("wd", w(e, 1, 3, 3)), _init("bd", b(e)),
+             _init("ws", w(s, e, 1, 1)), _init("bs", b(s)), _init("wx", w(e, s, 1, 1)), _init("bx", b(e)),
+             _init("wp", 0.3 * w(c, e, 1, 1)), _init("bp", b(c))]
+
+    def silu(x, out):
+        return [helper.make_node("Sigmoid", [x], [out + "_s"]), helper.make_node("Mul", [x, out + "_s"], [out])]
+
+    nodes = [helper.make_node("Conv", ["x", "we", "be"], ["ce"]), *silu("ce", "he"),
+             helper.make_node("Conv", ["he", "wd", "bd"], ["cd"], pads=[1, 1, 1, 1], group=e), *silu("cd", "hd"),
+             helper.make_node("GlobalAveragePool", ["hd"], ["g"]),
+             helper.make_node("Conv", ["g", "ws", "bs"], ["cs"]), *silu("cs", "hs"),
+             helper.make_node("Conv", ["hs", "wx", "bx"], ["cx"]), helper.make_node("Sigmoid", ["cx"], ["gate"]),
+             helper.make_node("Mul", ["hd", "gate"], ["se"]),
+             helper.make_node("Conv", ["se", "wp", "bp"], ["cp"]), helper.make_node("Add", ["cp", "x"], ["y"])]
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, size, size])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, c, size, size])
+    return _model(nodes, [xi], [yo], inits, "mbconv_se")
