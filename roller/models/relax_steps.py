@@ -7,6 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from roller.errors import ModelError
+from roller.models.fusion_barriers import keep_widening_broadcasts_apart
 
 
 def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -50,7 +51,12 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
     # folded before the layout conversion too: a Clip's bounds must be constants for its kernels to become
     # Relax operators that the conversion sees through (see _layout_folder)
-    passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+    # cpu.legalize_passes(target) with roller.models.fusion_barriers before FuseOps
+    apart = tvm.transform.module_pass(keep_widening_broadcasts_apart, opt_level=0,
+                                      name="roller.KeepWideningBroadcastsApart")
+    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+                apart, relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + legalize
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     with target:
         return tvm.transform.Sequential(passes)(mod)
