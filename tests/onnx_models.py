@@ -1,5 +1,6 @@
 """Small ONNX models built in code with ``onnx.helper`` (random weights, nothing downloaded), for the
-Relax tests and benchmarks: a CNN and a transformer block."""
+Relax tests and benchmarks: CNNs, transformer blocks, and the blocks of real architectures (MBConv
+with squeeze-and-excitation, grouped and channel-shuffle convolutions)."""
 from __future__ import annotations
 
 import numpy as np
@@ -361,3 +362,19 @@ def mbconv_se(batch: int = 1, size: int = 16, channels: int = 16, expand: int = 
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, size, size])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, c, size, size])
     return _model(nodes, [xi], [yo], inits, "mbconv_se")
+
+
+def grouped_conv(channels: int = 48, groups: int = 6, size: int = 14, stride: int = 2, seed: int = 0):
+    """RegNet's / ResNeXt's grouped 3x3 convolution (not depthwise: 8 input channels a group) + bias + ReLU,
+    NCHW, float32."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    c, out = channels, (size + 2 - 3) // stride + 1
+    inits = [_init("w", rng.normal(0, (2.0 / (9 * c // groups)) ** 0.5, (c, c // groups, 3, 3))),
+             _init("b", rng.normal(0, 0.1, c))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride],
+                              group=groups), helper.make_node("Relu", ["c"], ["y"])]
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
+    yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, out, out])
+    return _model(nodes, [xi], [yo], inits, "grouped_conv")

@@ -312,3 +312,16 @@ def test_squeeze_excitation_block_matches_onnxruntime(device):
     by = _scheduled_by(cm)
     assert all(by[n] == "roller" for n in by if "conv2d" in n or "multiply" in n), by
     assert sum(n.endswith("_apart") for n in by) == 1, by  # the excitation's multiply, on its own
+
+
+@pytest.mark.parametrize("groups", [6, 2])
+def test_grouped_convolution_is_a_roller_kernel(device, groups):
+    """TOPI's grouped convolution reads input channel k // (K/groups) * (C/groups) + c, which roller cannot
+    analyse (RegNet's went to dlight.Reduction); roller.models.legalize gives it affine indices through a
+    per-output-channel copy of each group's inputs (6 groups: 8 channels a group; 2 groups: 24)."""
+    model = onnx_models.grouped_conv(groups=groups)
+    cm = roller.compile_model(model, device, cache=False)
+    check = frontend.check_against_onnxruntime(cm, model, time_it=False)
+    assert check["matches"], check
+    by = _scheduled_by(cm)
+    assert [by[n] for n in by if "group_conv2d" in n] == ["roller"], by

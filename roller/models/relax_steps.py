@@ -8,6 +8,7 @@ import numpy as np
 
 from roller.errors import ModelError
 from roller.models.fusion_barriers import keep_widening_broadcasts_apart
+from roller.models.legalize import legalize_map
 
 
 def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -51,10 +52,11 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
     # folded before the layout conversion too: a Clip's bounds must be constants for its kernels to become
     # Relax operators that the conversion sees through (see _layout_folder)
-    # cpu.legalize_passes(target) with roller.models.fusion_barriers before FuseOps
+    # cpu.legalize_passes(target) with roller's legalizations (roller.models.legalize) and
+    # roller.models.fusion_barriers before FuseOps
     apart = tvm.transform.module_pass(keep_widening_broadcasts_apart, opt_level=0,
                                       name="roller.KeepWideningBroadcastsApart")
-    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+    legalize = [relax.transform.LegalizeOps(legalize_map()), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
                 apart, relax.transform.FuseOps(), relax.transform.FuseTIR()]
     passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + legalize
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])

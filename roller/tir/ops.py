@@ -323,14 +323,7 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
         return te.create_prim_func([data, weight, conv])
     cg, kg = C // groups, K // groups
     if kg < GROUP_REPLICATE_BELOW:
-        rep = te.compute((N, *(int(d) for d in src.shape[1:3]), cg, K),
-                         lambda n, h, w, c, k: src[n, h, w, (k // kg) * cg + c], name="group_rep",
-                         attrs={LANE_RUN: kg})
-        conv = te.compute(
-            (N, OH, OW, K),
-            lambda n, h, w, k: te.sum(_mul_acc(rep[n, h * stride + r * dilation, w * stride + s * dilation, c, k],
-                                               weight[r, s, c, k], out), axis=[r, s, c]),
-            name="conv")
+        conv = replicated_group_conv(src, weight, groups, stride, dilation, out)
         return te.create_prim_func([data, weight, conv])
     conv = te.compute(
         (N, OH, OW, groups, kg),
@@ -338,6 +331,27 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
                                      axis=[r, s, c]),
         name="conv")
     return _merge_last_two(te.create_prim_func([data, weight, conv]), "conv", kg)
+
+
+def replicated_group_conv(src, weight, groups: int, stride: int, dilation: int, out_dtype: str, name: str = "conv"):
+    """The TE tensor of a grouped convolution of ``src`` (NHWC, already padded) by ``weight`` ([R, S,
+    C/groups, K]) through the stage ``group_rep`` ([N, H, W, C/groups, K]: each output channel's copy of
+    its group's input channels, annotated :data:`LANE_RUN`), so that every index the convolution reads is
+    affine (see :func:`conv2d_nhwc`; the model frontend legalizes grouped convolutions with it too)."""
+    from tvm import te
+
+    N, H, W, C = (int(d) for d in src.shape)
+    R, S, cg, K = (int(d) for d in weight.shape)
+    kg = K // groups
+    OH, OW = ((H - dilation * (R - 1) - 1) // stride + 1, (W - dilation * (S - 1) - 1) // stride + 1)
+    r, s, c = te.reduce_axis((0, R), name="r"), te.reduce_axis((0, S), name="s"), te.reduce_axis((0, cg), name="c")
+    rep = te.compute((N, H, W, cg, K), lambda n, h, w, c, k: src[n, h, w, (k // kg) * cg + c], name="group_rep",
+                     attrs={LANE_RUN: kg})
+    return te.compute(
+        (N, OH, OW, K),
+        lambda n, h, w, k: te.sum(_mul_acc(rep[n, h * stride + r * dilation, w * stride + s * dilation, c, k],
+                                           weight[r, s, c, k], out_dtype), axis=[r, s, c]),
+        name=name)
 
 
 def depthwise_conv2d(N: int, H: int, W: int, C: int, R: int, S: int, stride: int = 1, pad: int = 0,
