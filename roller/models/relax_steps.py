@@ -50,6 +50,9 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     # Relax operators that the conversion sees through (see _layout_folder)
     passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
+    from roller.models.quantized import narrow_integer_matmuls
+
+    mod, _ = narrow_integer_matmuls(mod)
     with target:
         return tvm.transform.Sequential(passes)(mod)
 
