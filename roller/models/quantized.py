@@ -62,6 +62,9 @@ def _integer_matmul_mutator():
             if op_name(expr) == "relax.astype":  # a constant widened (the importer's astype(zero point, int32))
                 inner = self.constant(expr.args[0])
                 return None if inner is None else inner.astype(str(expr.attrs.dtype))
+            if op_name(expr) == "relax.expand_dims":  # a per-column zero point [N] made [1, N]
+                inner = self.constant(expr.args[0])
+                return None if inner is None else np.expand_dims(inner, tuple(int(a) for a in expr.attrs.axis))
             return None
 
         def widened(self, expr):
