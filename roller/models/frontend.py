@@ -417,7 +417,8 @@ def onnxruntime_session(proto, threads: int):
 def is_quantized(proto) -> bool:
     """Whether an ONNX graph quantizes: a node of QUANTIZED_OPERATORS (its outputs are then compared at
     QUANTIZED_TOLERANCE)."""
-    return any(n.op_type in QUANTIZED_OPERATORS for n in proto.graph.node)
+    graph = getattr(proto, "graph", None)  # the tests' stand-ins for a model have none
+    return any(n.op_type in QUANTIZED_OPERATORS for n in getattr(graph, "node", ()))
 
 
 def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray],
