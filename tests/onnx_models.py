@@ -378,3 +378,55 @@ def grouped_conv(channels: int = 48, groups: int = 6, size: int = 14, stride: in
     xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
     yo = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, out, out])
     return _model(nodes, [xi], [yo], inits, "grouped_conv")
+
+
+def quantized_dynamic(model, per_channel: bool = False, weight_type: str = "QInt8"):
+    """``model`` through onnxruntime's ``quantize_dynamic``: each MatMul with a constant weight becomes
+    DynamicQuantizeLinear (the activation to uint8, scale and zero point computed per call) + MatMulInteger
+    (u8 x ``weight_type`` -> int32) + a float rescale; what CPU inference servers run for transformers."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="roller-quant-") as tmp:
+        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "model_int8.onnx"
+        onnx.save(model, str(src))
+        quantize_dynamic(str(src), str(dst), per_channel=per_channel, weight_type=getattr(QuantType, weight_type))
+        out = onnx.load(str(dst))
+    out.graph.name = f"{model.graph.name}_int8"
+    return out
+
+
+def quantized_qdq(model, samples: int = 4, seed: int = 0, per_channel: bool = False):
+    """``model`` through onnxruntime's ``quantize_static`` in the QDQ format (QuantizeLinear /
+    DequantizeLinear pairs around each quantized operator: uint8 activations, int8 weights), calibrated
+    on ``samples`` random inputs of the model's (static) input shapes."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnx import helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(seed)
+    inputs = {i.name: ([d.dim_value for d in i.type.tensor_type.shape.dim],
+                       helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)) for i in model.graph.input}
+    feeds = [{n: rng.uniform(-1, 1, s).astype(t) for n, (s, t) in inputs.items()} for _ in range(samples)]
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(feeds)
+
+        def get_next(self):
+            return next(self._it, None)
+
+    with tempfile.TemporaryDirectory(prefix="roller-quant-") as tmp:
+        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "model_qdq.onnx"
+        onnx.save(model, str(src))
+        quantize_static(str(src), str(dst), _Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        out = onnx.load(str(dst))
+    out.graph.name = f"{model.graph.name}_qdq"
+    return out

@@ -24,6 +24,8 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
     "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--batch", "1,2", "--out", "TMP/bm"],
                      r"\| cnn \| 2 \|[^\n]*\| (onnxruntime|OpenVINO) \| \d", True),  # batch 2's row names its fastest peer
+    "bench_quantized": (["--layers", "1", "--seq", "16", "--dim", "32", "--heads", "2", "--hidden", "64", "--rounds", "1",
+                         "--out", "TMP/bq"], r"onnxruntime\s+[\d.]+ ms", True),
     "bench_ops": (["--smoke", "--rounds", "1"], r"add_relu", True),
     "bench_rows": (["--cases", "^softmax", "--rounds", "1"], r"softmax", True),
     "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs"], CASE, True),

@@ -37,6 +37,16 @@ from roller.models.relax_steps import build_module, legalize_and_fuse, random_ar
 # reductions whose summation order differs from onnxruntime's.
 MODEL_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 2e-2}
 TOLERANCE_RULE = "max|ours - onnxruntime| <= tol * max|onnxruntime| per output (tol by dtype; other dtypes: equal)"
+# Quantized graphs (an operator of QUANTIZED_OPERATORS): float outputs within 2% of the largest reference output,
+# about 2.5 steps of an 8-bit quantizer spanning +-max|onnxruntime| (one step: 2/255 of it). The integer parts
+# agree exactly on equal inputs (tests/test_quantized.py), but a float difference of ~1e-7 upstream (a layer
+# norm's summation order) moves a value across a rounding boundary now and then, and one step of difference
+# cascades through the layers after it: a 12-layer BERT-like encoder from quantize_dynamic ends 1.5% of its
+# largest output apart, 3 layers 0.6%, 1 layer 2e-7 (docs/models.md, "Quantized graphs"). A wrong zero point or
+# scale is off by far more. Integer outputs stay exact.
+QUANTIZED_TOLERANCE = {"float64": 2e-2, "float32": 2e-2, "float16": 2e-2}
+QUANTIZED_OPERATORS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                                 "ConvInteger", "QLinearConv", "QLinearMatMul"})
 # Timing (check_against_onnxruntime): ROUNDS rounds, each engine in turn in each round, each after a pause of
 # SETTLE_SECONDS, then a warm-up of WARMUP_SECONDS (roller.measure.timing.warm_up), then one batch of calls of at
 # least TARGET_BATCH_SECONDS; medians over the rounds, and the paired ratio. Fewer rounds (not fewer than
@@ -404,8 +414,17 @@ def onnxruntime_session(proto, threads: int):
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict:
-    """Our outputs against the reference's: ``matches`` when every output is within MODEL_TOLERANCE of
+def is_quantized(proto) -> bool:
+    """Whether an ONNX graph quantizes: a node of QUANTIZED_OPERATORS (its outputs are then compared at
+    QUANTIZED_TOLERANCE)."""
+    graph = getattr(proto, "graph", None)  # the tests' stand-ins for a model have none
+    return any(n.op_type in QUANTIZED_OPERATORS for n in getattr(graph, "node", ()))
+
+
+def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray],
+            tolerance: Mapping[str, float] | None = None) -> dict:
+    """Our outputs against the reference's: ``matches`` when every output is within ``tolerance`` (by
+    dtype; default MODEL_TOLERANCE, QUANTIZED_TOLERANCE for a quantized graph) of
     the reference at the reference's own scale (TOLERANCE_RULE): max|ours - reference| <= tol *
     max|reference|, tol by the reference's dtype (other dtypes, integers and booleans: equal). An
     absolute tolerance would pass anything where a network's outputs are tiny (random weights can give
@@ -423,7 +442,7 @@ def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict
                     "detail": f"shape {a.shape} against {b.shape}"}
         if not a.size:
             continue
-        tol = MODEL_TOLERANCE.get(str(b.dtype), 0.0)
+        tol = (MODEL_TOLERANCE if tolerance is None else tolerance).get(str(b.dtype), 0.0)
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         e = float(np.max(np.abs(a64 - b64)))
         scale = float(np.max(np.abs(b64)))
@@ -482,7 +501,9 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
     sess = onnxruntime_session(proto, cm.device.units.count)
     reference = sess.run(None, feeds)
     run = cm.run_fn(feeds)
-    result = compare(outputs_to_numpy(run()), reference)
+    quantized = is_quantized(proto)
+    tolerance = QUANTIZED_TOLERANCE if quantized else MODEL_TOLERANCE
+    result = compare(outputs_to_numpy(run()), reference, tolerance)
     impls = [("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))]
     if openvino and time_it:
         ov_call = None
@@ -495,7 +516,7 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
             result["openvino_error"] = f"{type(e).__name__}: {e}"[:500]
             ov_call = None
         if ov_call is not None:
-            ov_check = compare(theirs, reference)
+            ov_check = compare(theirs, reference, tolerance)
             result["openvino_matches"] = ov_check["matches"]
             result["openvino_max_rel_error"] = ov_check["max_rel_error"]
             if ov_check["matches"]:
@@ -521,7 +542,7 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
         result["fastest_peer"] = fastest_peer(times, peers)[0]
         result["timing"] = {"rounds": rounds, "settle_seconds": SETTLE_SECONDS, "warmup_seconds": WARMUP_SECONDS,
                             "batch_seconds": TARGET_BATCH_SECONDS}
-    result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(MODEL_TOLERANCE)}
+    result["tolerance"] = {"rule": TOLERANCE_RULE, "tol_by_dtype": dict(tolerance), "quantized_graph": quantized}
     return result
 
 

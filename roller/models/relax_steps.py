@@ -9,6 +9,7 @@ import numpy as np
 from roller.errors import ModelError
 from roller.models.fusion_barriers import keep_widening_broadcasts_apart
 from roller.models.legalize import legalize_map
+from roller.models.quantized import narrow_integer_matmuls
 
 
 def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -56,10 +57,11 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     # roller.models.fusion_barriers before FuseOps
     apart = tvm.transform.module_pass(keep_widening_broadcasts_apart, opt_level=0,
                                       name="roller.KeepWideningBroadcastsApart")
-    legalize = [relax.transform.LegalizeOps(legalize_map()), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-                apart, relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    legalize = [relax.transform.LegalizeOps(legalize_map()), relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(), apart, relax.transform.FuseOps(), relax.transform.FuseTIR()]
     passes = (fold + convert + fold + fast + cpu.library_dispatch_passes(target) + legalize
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
+    mod, _ = narrow_integer_matmuls(mod)
     with target:
         return tvm.transform.Sequential(passes)(mod)
 
