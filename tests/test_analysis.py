@@ -363,3 +363,25 @@ def test_duplicate_iter_var_names_are_made_unique():
     assert axes_of(a.expr) == [("x", 4, SPATIAL), ("x_1", 6, SPATIAL)]
     assert a.iter_vars == (("x", "x"), ("x_1", "v_x"))
     assert a.expr.output.index == ((("x", 1),), (("x_1", 1),))
+
+
+def test_int64_indices_are_narrowed_to_int32():
+    """Relax legalizes with int64 shapes; the analysis hands code generation the function in int32
+    indices (with int64 ones LLVM kept a padded tile's tail predicates inside its vector loops: 25x
+    slower), but leaves a function that reads int64 data (a gather's indices) as it is."""
+    import tvm
+    from tvm import te
+
+    from roller.tir.analysis import analyze
+    from roller.tir.normalize import _narrow_indices
+
+    i64 = lambda *v: tuple(tvm.tirx.IntImm("int64", x) for x in v)  # noqa: E731
+    a, b = te.placeholder(i64(12, 197, 64), "float32", "a"), te.placeholder(i64(12, 64, 197), "float32", "b")
+    k = te.reduce_axis(i64(0, 64), "k")
+    c = te.compute(i64(12, 197, 197), lambda i, m, n: te.sum(a[i, m, k] * b[i, k, n], axis=k), "matmul")
+    func = analyze(te.create_prim_func([a, b, c])).func
+    assert all(str(d.ty) == "int32" for buf in func.params for d in buf.shape), func.params
+    table, idx = te.placeholder(i64(4, 8), "float32", "t"), te.placeholder(i64(3), "int64", "idx")
+    g = te.compute(i64(3, 8), lambda i, j: table[idx[i], j] * 2.0, "gather")
+    kept = te.create_prim_func([table, idx, g])
+    assert _narrow_indices(kept).same_as(kept)

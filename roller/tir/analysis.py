@@ -34,7 +34,7 @@ from roller.tir.accesses import _describe
 from roller.tir.accesses import axis_base_name as axis_base_name  # re-exported: its callers import it from here
 from roller.tir.accesses import zero_padding_is_neutral as zero_padding_is_neutral  # re-exported, as above
 from roller.tir.normalize import (_check_block_form, _check_static_shapes, _classify_rest, _gathers, _inline,
-                                  _is_reduction, _main_without_reduction, _to_prim_func)
+                                  _is_reduction, _main_without_reduction, _narrow_indices, _to_prim_func)
 from roller.tir.rowwise import analyze_rows as analyze_rows  # re-exported, as above
 
 
@@ -72,6 +72,7 @@ def analyze(func, name: str | None = None) -> Analysis:
     prim, fname = _to_prim_func(func)
     ctx = f"function {fname!r}"
     _check_static_shapes(prim, ctx)
+    prim = _narrow_indices(prim)
     if not isinstance(prim.body, s_tir.SBlockRealize):
         raise UnsupportedExpressionError(f"{ctx}: the body is not a root block (the function is already lowered "
                                          f"or not a TensorIR function): pass the unscheduled PrimFunc")

@@ -34,6 +34,22 @@ def _to_prim_func(func):
                                      f"with one PrimFunc, or a list of TE tensors (arguments then outputs)")
 
 
+def _narrow_indices(prim):
+    """``prim`` with its index arithmetic in int32 (``tirx.transform.ForceNarrowIndexToInt32``) where every
+    extent fits and no parameter holds int64 data (else the function as it is). Relax
+    legalizes with int64 shapes, and with int64 indices LLVM kept the tail predicates of a padded tile
+    inside its vector loops: ViT's 197 x 197 attention scores ran 14.7 ms against 0.56 ms in int32."""
+    import tvm
+    from tvm import tirx
+
+    if any(str(getattr(p, "dtype", "")) in ("int64", "uint64") for p in prim.params):
+        return prim  # (the pass refuses int64 data buffers)
+    try:
+        return tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": prim}))["main"]
+    except tvm.error.TVMError:  # an extent or a buffer it cannot narrow: int64 stays correct
+        return prim
+
+
 def _const_shape(buf) -> bool:
     from tvm import tirx
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from roller.errors import UnsupportedExpressionError
 from roller.tir.accesses import _count_flops, _describe
-from roller.tir.normalize import _check_block_form, _check_static_shapes, _to_prim_func, _writes_param
+from roller.tir.normalize import (_check_block_form, _check_static_shapes, _narrow_indices, _to_prim_func,
+                                  _writes_param)
 
 # ---------------------------------------------------------------------------------------------
 # Row-wise functions with several reductions (softmax, layer norm): one Expr per block
@@ -31,7 +32,7 @@ def analyze_rows(func):
     prim, fname = _to_prim_func(func)
     ctx = f"function {fname!r}"
     _check_static_shapes(prim, ctx)
-    sch = s_tir.Schedule(tvm.IRModule({"main": prim}))
+    sch = s_tir.Schedule(tvm.IRModule({"main": _narrow_indices(prim)}))
     for _ in range(2):  # a second pass after inlining the blocks independent of the rows
         infos = normalize_prim_func(sch)
         if infos is None:
