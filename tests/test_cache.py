@@ -454,3 +454,14 @@ def test_report_dtype_is_the_one_asked_for(cache_root, capsys):
                          "--json")
     assert (json.loads(out)["cache"], json.loads(out)["dtype"]) == ("hit", "int8")
 
+
+
+def test_code_version_digests_the_whole_package():
+    """The key's code digest covers every source of roller, not only the cache's own folder (after the
+    package moved into layers it covered roller/cache/*.py alone, and a code generation fix kept serving
+    the kernels built before it)."""
+    from roller.cache.store import package_root, source_files
+
+    names = {p.relative_to(package_root()).as_posix() for p in source_files()}
+    assert {"targets/cpu/codegen.py", "tir/analysis.py", "plan/cost.py", "models/frontend.py",
+            "cache/store.py"} <= names, sorted(names)[:10]

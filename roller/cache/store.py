@@ -66,6 +66,17 @@ def warn(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # The key.
 
+def package_root() -> Path:
+    """The ``roller`` package folder (this module lies in roller/cache/)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def source_files() -> list[Path]:
+    """Every Python source of the roller package, in a fixed order: what :func:`code_version` digests, so
+    that a change anywhere (code generation, the model, the analysis) misses the kernels built before it."""
+    return sorted(package_root().rglob("*.py"))
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """roller's version plus a digest of its source files, TVM's and tvm-ffi's versions (once per process)."""
@@ -75,8 +86,8 @@ def code_version() -> str:
     from roller.version import __version__
 
     h = hashlib.sha256()
-    pkg = Path(__file__).parent
-    for path in sorted(pkg.rglob("*.py")):
+    pkg = package_root()
+    for path in source_files():
         h.update(str(path.relative_to(pkg)).encode())
         h.update(path.read_bytes())
     return f"roller {__version__}+{h.hexdigest()[:12]} tvm {tvm.__version__} tvm-ffi {tvm_ffi.__version__}"
