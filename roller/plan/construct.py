@@ -71,7 +71,7 @@ def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, devic
     rate the register tile ``reg`` computes (the model's, accumulator efficiency included)."""
     lanes = compute_lanes(expr, device)  # no plan yet: the partial sums this register tile would keep
     compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis,
-                                         partial_sums(expr, reg, rules.vector_axis, lanes)) * 1e9)
+                                         partial_sums(expr, reg, rules.vector_axis, lanes), dot=rules.dot) * 1e9)
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 
