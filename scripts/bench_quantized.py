@@ -58,6 +58,7 @@ def _matmul_engines(shape: str, dev, threads: int, row: dict) -> list:
     """(name, call) of roller and onnxruntime on one MatMulInteger of ``shape`` (MxKxN); the int32 outputs
     must be equal (row["matmul_checks"])."""
     import numpy as np
+    import onnx_models
 
     import roller
     from roller.models import frontend
