@@ -141,3 +141,25 @@ def test_avx_vnni_256_bit_kernel_is_exact():
     got, ex = _run(expr, norm, program, avx2, a, b)
     np.testing.assert_array_equal(got, a.astype(np.int64) @ b)
     assert "ymm" in ex.mod.inspect_source("asm") and "vpdpbusd" in ex.mod.inspect_source("asm")
+
+
+def test_a_dot_depth_the_code_cannot_run_is_an_error():
+    """The plan is the whole truth: dot-product lanes on a float matmul, or on a register tile that takes no
+    whole dot steps, raise with the reason; the field is part of the plan's key."""
+    from roller.errors import BuildError
+    from roller.targets import schedule
+    from roller.tir import ops
+
+    vnni = _with_mattr(load_device("x86-avx512"), ["+avx512vnni"])
+    expr, norm = analyze(ops.matmul(32, 64, 48))
+    plan = construct(expr, vnni, 1, frozenset({"B"})).programs[0]
+    wrong = dataclasses.replace(plan, dot_depth=DOT_DEPTH)
+    assert wrong.key != plan.key
+    with pytest.raises(BuildError, match="u8 x s8"):
+        schedule(norm, expr, wrong, vnni)
+    expr, norm = _matmul(32, 64, 48)
+    plan = construct(expr, vnni, 1, frozenset({"B"})).programs[0]
+    odd = dataclasses.replace(plan, tiles=({**plan.tiles[0], "k": 2},) + tuple(
+        {**t, "k": max(2, t["k"])} for t in plan.tiles[1:]))
+    with pytest.raises(BuildError, match="register tile takes 2"):
+        schedule(norm, expr, odd, vnni)
