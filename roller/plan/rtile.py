@@ -289,7 +289,8 @@ def traffic(expr: Expr, tile: Mapping[str, int], rules: LevelRules,
 def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
     """The granule of a tile along ``axis`` at a level, before nesting and shape rules.
 
-    Level 0: the vector axis moves in whole SIMD vectors / warps. Above: an axis that indexes some
+    Level 0: the vector axis moves in whole SIMD vectors / warps, the reduction in whole dot steps where the
+    plans run dot-product lanes (``LevelRules.dot``, ``roller.plan.dot``). Above: an axis that indexes some
     tensor's contiguous dimension moves in whole transactions of that tensor's dtype.
     """
     if rules.index == 0:
