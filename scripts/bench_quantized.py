@@ -4,6 +4,7 @@
     python3 scripts/bench_quantized.py --ab-widened --fp32   # also roller on the importer's int32 matmuls,
                                                              # and both engines on the float32 model
     python3 scripts/bench_quantized.py --layers 1 --seq 16 --dim 32 --heads 2 --hidden 64 --rounds 1
+    python3 scripts/bench_quantized.py --matmuls 128x768x768,128x768x3072   # also MatMulInteger alone (MxKxN)
 
 The model is tests/onnx_models.py's pre-norm encoder (random weights; BERT-base's sizes by default) through
 onnxruntime's ``quantize_dynamic`` (tests/onnx_models.quantized_dynamic: DynamicQuantizeLinear +
@@ -15,7 +16,9 @@ graphs", say why).
 
 ``--ab-widened`` adds roller on the graph as TVM's importer writes it (both matmul operands widened to
 int32 tensors first: roller.models.quantized.narrow_integer_matmuls switched off for that compile);
-``--fp32`` adds roller and onnxruntime on the float32 model before quantization.
+``--fp32`` adds roller and onnxruntime on the float32 model before quantization. ``--matmuls`` adds one
+MatMulInteger per shape (tests/onnx_models.matmul_integer: a uint8 activation [1, M, K] with a zero point,
+a constant int8 weight [K, N]; int32 out, checked exactly), roller against onnxruntime, timed alike.
 
 The timing is bench_models.py's: every engine timed in turn in each of ``--rounds`` rounds of this process
 (roller.measure.timing.time_rounds: a settle pause, a warm-up, three batches of ~50 ms), ``--threads`` each
@@ -51,6 +54,28 @@ def _widened():
         quantized.narrow_integer_matmuls = keep
 
 
+def _matmul_engines(shape: str, dev, threads: int, row: dict) -> list:
+    """(name, call) of roller and onnxruntime on one MatMulInteger of ``shape`` (MxKxN); the int32 outputs
+    must be equal (row["matmul_checks"])."""
+    import numpy as np
+    import onnx_models
+
+    import roller
+    from roller.models import frontend
+
+    m, k, n = (int(x) for x in shape.split("x"))
+    rng = np.random.default_rng(0)
+    model = onnx_models.matmul_integer(rng.integers(-127, 128, (k, n)).astype(np.int8), za=True, m=m)
+    cm = roller.compile_model(model, dev, name=f"matmul_integer_{shape}")
+    feeds = {"a": rng.integers(0, 256, (1, m, k)).astype(np.uint8)}
+    sess = frontend.onnxruntime_session(model, threads)
+    exact = bool(np.array_equal(cm.run(feeds)[0], sess.run(None, feeds)[0]))
+    row.setdefault("matmul_checks", {})[shape] = exact
+    if not exact:
+        raise SystemExit(f"MatMulInteger {shape}: roller's int32 output differs from onnxruntime's")
+    return [(f"roller_mm_{shape}", cm.run_fn(feeds)), (f"onnxruntime_mm_{shape}", lambda: sess.run(None, feeds))]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
@@ -63,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--ab-widened", action="store_true", help="also roller on the importer's int32 matmuls")
     ap.add_argument("--fp32", action="store_true", help="also both engines on the float32 model")
+    ap.add_argument("--matmuls", default="", help="also MatMulInteger alone, comma-separated MxKxN shapes")
     ap.add_argument("--out", default="build/bench_quantized")
     args = ap.parse_args(argv)
 
@@ -101,6 +127,8 @@ def main(argv=None) -> int:
         sf = frontend.onnxruntime_session(fp32, threads)
         row["fp32_check"] = frontend.compare(cf.run(feeds), sf.run(None, feeds))
         impls += [("roller_fp32", cf.run_fn(feeds)), ("onnxruntime_fp32", lambda: sf.run(None, feeds))]
+    for shape in filter(None, args.matmuls.split(",")):
+        impls += _matmul_engines(shape, dev, threads, row)
     times = time_rounds(impls, rounds=args.rounds, target=0.05, repeats=3)
     row["latency_seconds"] = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     row["ort_over_roller"] = paired_ratio(times["onnxruntime"], times["roller"])
@@ -109,8 +137,10 @@ def main(argv=None) -> int:
     print(f"outputs against onnxruntime's int8: max rel error {row['check']['max_rel_error']:.2g}, "
           f"matches: {row['check']['matches']}")
     for name, s in row["latency_seconds"].items():
-        paired = "" if name == "roller" else f"  ({name} / roller paired {paired_ratio(times[name], times['roller']):.3f})"
-        print(f"{name:18s} {s * 1e3:9.3f} ms{paired}")
+        # the MatMulInteger engines pair with roller's of their shape
+        base = name.replace("onnxruntime_mm_", "roller_mm_") if "_mm_" in name else "roller"
+        paired = "" if name == base else f"  ({name} / {base} paired {paired_ratio(times[name], times[base]):.3f})"
+        print(f"{name:28s} {s * 1e3:9.3f} ms{paired}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_quantized.json").write_text(json.dumps(row, indent=2))

@@ -399,6 +399,28 @@ def quantized_dynamic(model, per_channel: bool = False, weight_type: str = "QInt
     return out
 
 
+def matmul_integer(w: np.ndarray, zb=None, za: bool = False, m: int = 24):
+    """One MatMulInteger: a uint8 activation [1, m, K] (zero point 3 where ``za``) times the constant 8-bit
+    weight ``w`` [K, N] (zero point ``zb``: None, a scalar or one per column) -> int32 [1, m, N]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = w.shape
+    inits = [numpy_helper.from_array(w, "w")]
+    ins = ["a", "w"]
+    if za or zb is not None:
+        inits.append(numpy_helper.from_array(np.array(3, np.uint8), "za"))
+        ins.append("za" if za else "")
+    if zb is not None:
+        inits.append(numpy_helper.from_array(np.asarray(zb, w.dtype), "zb"))
+        ins.append("zb")
+    node = helper.make_node("MatMulInteger", ins, ["y"])
+    graph = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, m, n])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
 def quantized_qdq(model, samples: int = 4, seed: int = 0, per_channel: bool = False):
     """``model`` through onnxruntime's ``quantize_static`` in the QDQ format (QuantizeLinear /
     DequantizeLinear pairs around each quantized operator: uint8 activations, int8 weights), calibrated

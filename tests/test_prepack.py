@@ -26,6 +26,8 @@ from roller.tir.layout import index_maps, pack_constant
     PackedLayout((3, 8, 20), ((3, 8, 12), (1, 4, 4), (1, 2, 4)),                  # three levels of blocks
                  ((0, 1, 2), (2, 0, 1), (0, 1, 2), (2, 1, 0))),
     PackedLayout((8, 6), ((8, 6), (4, 3)), ((0, 1), (1, 0), (1, 0)), row_pad=2),  # transposed, padded rows
+    PackedLayout((16, 32), ((16, 32), (4, 16)), ((0, 1), (1, 0), (0, 1)), dot=4, dot_dim=0),  # [k/4, n, 4]
+    PackedLayout((24, 32), ((8, 32), (8, 16)), ((0, 1), (1, 0), (0, 1)), dot=4, dot_dim=0),  # 2 dot steps a tile
 ])
 def test_layout_apply_follows_its_index_maps(layout):
     src = np.arange(1, np.prod(layout.shape) + 1, dtype=np.float32).reshape(layout.shape)
@@ -39,8 +41,9 @@ def test_layout_apply_follows_its_index_maps(layout):
         seen[tuple(at)] = True
     assert not dst[~seen].any()  # padding is zero
     outer = (layout.shape,) + layout.tiles
+    single = layout.dot > 1 and layout.tiles[-1][layout.dot_dim] == layout.dot  # one dot step a tile: no index
     assert dst.ndim == (sum(t < o for tile, up in zip(layout.tiles, outer) for t, o in zip(tile, up))
-                        + len(layout.shape) + bool(layout.row_pad))
+                        + len(layout.shape) + bool(layout.row_pad) + (layout.dot > 1) - single)
     assert type(layout).from_dict(layout.to_dict()) == layout
 
 

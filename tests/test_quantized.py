@@ -2,7 +2,7 @@
 graph. The integer parts (MatMulInteger, the quantizers) must agree exactly on equal inputs; whole models'
 float outputs within roller.models.frontend.QUANTIZED_TOLERANCE (one rounding step moved by float noise
 cascades: see its comment). The integer matmuls must read their 8-bit operands and be roller's kernels
-(roller.models.quantized)."""
+(roller.models.quantized), with VNNI's dot-product lanes where the host has them (roller.plan.dot)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +14,7 @@ import onnx_models  # noqa: E402
 
 import roller  # noqa: E402
 from roller.models import frontend  # noqa: E402
+from roller.plan.dot import has_vnni  # noqa: E402
 
 
 def _run_both(model, device):
@@ -36,26 +37,6 @@ def _integer_matmul_params(cm) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _matmul_integer_model(w: np.ndarray, zb, za: bool, m: int = 24):
-    from onnx import TensorProto, helper, numpy_helper
-
-    k, n = w.shape
-    inits = [numpy_helper.from_array(w, "w")]
-    ins = ["a", "w"]
-    if za or zb is not None:
-        inits.append(numpy_helper.from_array(np.array(3, np.uint8), "za"))
-        ins.append("za" if za else "")
-    if zb is not None:
-        inits.append(numpy_helper.from_array(np.asarray(zb, w.dtype), "zb"))
-        ins.append("zb")
-    node = helper.make_node("MatMulInteger", ins, ["y"])
-    graph = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, m, n])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
-
-
 @pytest.mark.parametrize("case", ["s8", "s8-za", "s8-zb-per-column", "u8-zb128", "u8-wide"])
 def test_matmul_integer_exact(case, device):
     """MatMulInteger alone, int32 out: exactly onnxruntime's. Where b - zb fits 8 bits the matmul reads
@@ -69,7 +50,7 @@ def test_matmul_integer_exact(case, device):
     else:
         w = rng.integers(0, 256, (k, n)).astype(np.uint8)
         zb = 128 if case == "u8-zb128" else 250
-    model = _matmul_integer_model(w, zb, za=case != "s8")
+    model = onnx_models.matmul_integer(w, zb, za=case != "s8")
     cm, ours, ref = _run_both(model, device)
     assert ours[0].dtype == np.int32
     np.testing.assert_array_equal(ours[0], ref[0])
@@ -79,6 +60,14 @@ def test_matmul_integer_exact(case, device):
     assert narrowed == (case != "u8-wide"), funcs
     by = {r.name: r.scheduled_by for r in cm.report}
     assert all(by[name] == "roller" for name, _ in funcs), by
+    if case.startswith("s8"):  # u8 x s8: VNNI's dot-product lanes where the host has them (tests/test_vnni.py)
+        assert _dot_depths(cm, funcs) == {4 if has_vnni(device) else 1}
+
+
+def _dot_depths(cm, funcs) -> set[int]:
+    """The plans' dot depths (roller.plan.dot) of these functions."""
+    plans = {r.name: r.plan or {} for r in cm.report}
+    return {plans[name].get("dot_depth") for name, _ in funcs}
 
 
 def test_dynamic_quantized_transformer(device):
@@ -103,6 +92,7 @@ def test_dynamic_quantized_transformer(device):
     assert len(funcs) >= 4 and all("uint8" in d and "int8" in d for _, d in funcs), funcs
     by = {r.name: r.scheduled_by for r in cm.report}
     assert all(by[name] == "roller" for name, _ in funcs), by
+    assert _dot_depths(cm, funcs) == {4 if has_vnni(device) else 1}
     result = frontend.check_against_onnxruntime(cm, q, time_it=False)
     assert result["matches"] and result["tolerance"]["quantized_graph"], result
 

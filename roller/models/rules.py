@@ -115,7 +115,8 @@ class RollerRule(Rule):
             return Declined(f"planned but not scheduled: {_first_line(e)}")
         plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                 "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
-                "vector_axis": program.vector_axis, "predicted_seconds": program.predicted_seconds}
+                "vector_axis": program.vector_axis, "dot_depth": program.dot_depth,
+                "predicted_seconds": program.predicted_seconds}
         return Scheduled(sch, plan, tuple(notes), prepacked)
 
     def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD,

@@ -22,6 +22,7 @@ from roller.device.spec import Device
 from roller.plan.cost import estimate, rebalanced
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.loops import axis_factors, serial_tail, vector_tail_split  # noqa: F401 (re-exported)
+from roller.plan.dot import program_dot_depth
 from roller.plan.prepack import packed_layout, prepackable
 from roller.plan.residency import balances
 from roller.plan.rprogram import RProgram
@@ -144,7 +145,7 @@ def prefetched_inputs(expr: Expr, program: RProgram, device: Device) -> tuple[st
             continue
         if expr.epilogue and reduced and not t.axes & reduced:
             continue  # an epilogue's input (a bias): the write-back reads it, not the main block
-        layout = packed_layout(expr, t, program.tiles, program.vector_axis, lanes)
+        layout = packed_layout(expr, t, program.tiles, program.vector_axis, lanes, program.dot_depth)
         if layout is None or layout.block_elements() * t.elem_bytes < MIN_BLOCK_BYTES:
             continue
         if any(x[0] not in t.axes for x in walked):
@@ -181,7 +182,8 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
         layouts={t.name: t.packed_order for t in expr.inputs if t.packed_order}, inlined=inlined,
         prepacked=prepacked, register_transposes=register_transposes(expr, tiles[-1], lanes, prepacked),
-        held_grid=held_grid(expr, tiles, vector_axis, lanes, predicated), epsilon=epsilon)
+        held_grid=held_grid(expr, tiles, vector_axis, lanes, predicated),
+        dot_depth=program_dot_depth(expr, tiles, device, vector_axis, prepacked, padded + predicated), epsilon=epsilon)
     return dataclasses.replace(program, prefetched=prefetched_inputs(expr, program, device))
 
 

@@ -68,10 +68,12 @@ def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: flo
 def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, device: Device,
                    below_bw_gbps: float, reg: Mapping[str, int]) -> bool:
     """Whether filling this level costs less time than computing on it (the tile is big enough), at the
-    rate the register tile ``reg`` computes (the model's, accumulator efficiency included)."""
+    rate the register tile ``reg`` computes (the model's, accumulator efficiency included; with the level's
+    dot-product lanes, ``LevelRules.dot``, at the int8 peak: a plan whose weight then arrives unpacked runs and is
+    charged one lane a step, ``dot.program_dot_depth``, only its tiles grew for the faster rate)."""
     lanes = compute_lanes(expr, device)  # no plan yet: the partial sums this register tile would keep
     compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis,
-                                         partial_sums(expr, reg, rules.vector_axis, lanes)) * 1e9)
+                                         partial_sums(expr, reg, rules.vector_axis, lanes), dot=rules.dot) * 1e9)
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 

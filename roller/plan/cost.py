@@ -118,13 +118,18 @@ def accumulation_chain(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_ax
 
 
 def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None,
-                 partial_sums: bool, chain: float | None = None) -> float:
+                 partial_sums: bool, chain: float | None = None, dot: int = 1) -> float:
     """GFLOP/s one unit issues with this register tile: the accumulation type's peak, scaled by the
     accumulator efficiency (``chain``: see there); a reduced vector axis without vector partial sums
     (``partial_sums``: the plan's ``RProgram.partial_sums``, or ``tails.partial_sums`` of a register tile
-    before there is a plan) runs scalar (1 / lanes)."""
+    before there is a plan) runs scalar (1 / lanes). Dot-product lanes (``dot``: ``RProgram.dot_depth``, 4
+    with VNNI) run at the int8 peak (``peak_gflops.int8``, what the VNNI microbenchmark measures), their
+    accumulators taking one step per ``dot`` reduce elements."""
     lanes = compute_lanes(expr, device)
-    peak = device.units.peak(expr.dtype) * accumulator_efficiency(expr, reg, device, vector_axis, chain)
+    if dot > 1 and chain is not None:
+        chain /= dot
+    peak = (device.units.peak("int8") if dot > 1 else device.units.peak(expr.dtype)) * accumulator_efficiency(
+        expr, reg, device, vector_axis, chain)
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums:
         peak /= lanes
     return peak
@@ -243,7 +248,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     waves = math.ceil(spatial / device.units.count)
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis, program.partial_sums,
-                        accumulation_chain(expr, tiles, vector_axis, lanes))
+                        accumulation_chain(expr, tiles, vector_axis, lanes), program.dot_depth)
     if serial_tail(expr, program, lanes):  # the rule code generation splits the last top tile off by
         waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)

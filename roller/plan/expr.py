@@ -111,6 +111,9 @@ class Expr:
     # (a grouped convolution's group_rep: one input channel for the K/groups output channels of its group):
     # the stage reads 1/repeat of the bytes it writes; filled by roller.tir.analysis
     repeats: tuple[tuple[str, int], ...] = field(default=())
+    # the dtype the main block accumulates in (its own output buffer's, before an epilogue casts: an integer
+    # matmul's int32 under a float rescale); "" when unknown (then the output's)
+    accumulates: str = ""
 
     def __post_init__(self):
         names = [a.name for a in self.axes]

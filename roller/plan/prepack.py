@@ -30,23 +30,28 @@ class PackedLayout:
     dimension (a dimension's extent where one tile covers it); ``orders``: at each level, the order in
     which the kernel walks that level's tiles within the tile above (a permutation of the dimensions), and
     last the order of the elements within the smallest tile; ``row_pad``: elements padding each row of
-    the smallest tile (to whole vectors). Every tile is one contiguous block, and the blocks follow each
-    other in the order the kernel walks them. Padded tails (a tile overhanging its dimension, the row
-    padding) hold zeros."""
+    the smallest tile (to whole vectors); ``dot``: where above 1, the innermost ``dot`` elements of dimension
+    ``dot_dim`` (the reduced one) within the smallest tile are stored last, after the vector axis (``[k/4, n,
+    4]``: dot-product lanes read 4 x lanes contiguous bytes, ``roller.plan.dot``). Every tile is one
+    contiguous block, and the blocks follow each other in the order the kernel walks them. Padded tails (a
+    tile overhanging its dimension, the row padding) hold zeros."""
 
     shape: tuple[int, ...]
     tiles: tuple[tuple[int, ...], ...]
     orders: tuple[tuple[int, ...], ...]
     row_pad: int = 0
+    dot: int = 1
+    dot_dim: int = 0
 
     def to_dict(self) -> dict:
         return {"shape": list(self.shape), "tiles": [list(t) for t in self.tiles],
-                "orders": [list(o) for o in self.orders], "row_pad": self.row_pad}
+                "orders": [list(o) for o in self.orders], "row_pad": self.row_pad, "dot": self.dot,
+                "dot_dim": self.dot_dim}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "PackedLayout":
         return cls(tuple(d["shape"]), tuple(tuple(t) for t in d["tiles"]), tuple(tuple(o) for o in d["orders"]),
-                   int(d.get("row_pad", 0)))
+                   int(d.get("row_pad", 0)), int(d.get("dot", 1)), int(d.get("dot_dim", 0)))
 
     def block_elements(self) -> int:
         """Elements stored per top tile: the top tile's, its smallest tiles' rows padded."""
@@ -58,13 +63,15 @@ class PackedLayout:
 
 
 def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]], vector_axis: str | None,
-                  lanes: int) -> PackedLayout | None:
+                  lanes: int, dot: int = 1) -> PackedLayout | None:
     """The layout in which input ``t`` arrives prepacked under a plan with these tiles (reg first, clamped
     as code generation runs them), or None when it cannot: a dimension indexed other than by one axis (a
     window, a stride), or by a fused axis whose top tile covers part of it (its tile is no box of the
     buffer). The kernel walks the tiles of each level spatial axes first, then reduced ones, and a register
     tile reduced axes first, the vector axis last (``codegen.cpu``): the blocks are stored in that order,
-    so the kernel's first pass over them streams. Rows along the vector axis are padded to whole vectors."""
+    so the kernel's first pass over them streams. Rows along the vector axis are padded to whole vectors.
+    With ``dot`` above 1 (the plan's ``RProgram.dot_depth``) the reduced dimension's innermost ``dot``
+    elements go last in the smallest tile, whose extent along it must be a multiple of ``dot``."""
     if t.packed_order:  # a transposed access (rtile.layout_expr): the tensor as stored
         stored = sorted(range(len(t.index)), key=lambda i: t.packed_order[i])
         t = replace(t, index=tuple(t.index[i] for i in stored), shape=tuple(t.shape[i] for i in stored), packed_order=())
@@ -94,8 +101,12 @@ def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
                                              position[axis_of[d]], d)))
     row = sizes[last[-1]][-1]
     pad = lanes - row % lanes if axis_of[last[-1]] == vector_axis and row > lanes and row % lanes else 0
+    dot_dim = next((d for d in dims if axis_of[d] in reduce), None) if dot > 1 else None
+    if dot_dim is not None and (sizes[dot_dim][-1] % dot or pad):
+        raise BuildError(f"{expr.name}: {t.name} cannot be packed {dot} deep along {axis_of[dot_dim]}: its register "
+                         f"tile takes {sizes[dot_dim][-1]} of it{' and pads its rows' if pad else ''}")
     return PackedLayout(tuple(shape), tuple(tuple(s[l] for s in sizes) for l in range(len(tiles))),
-                        (tuple(dims),) + levels + (last,), pad)
+                        (tuple(dims),) + levels + (last,), pad, dot if dot_dim is not None else 1, dot_dim or 0)
 
 
 def prepackable(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
@@ -119,7 +130,7 @@ def program_layouts(expr: Expr, program, device) -> dict[str, PackedLayout]:
     out = {}
     for t in expr.inputs:
         if t.name in program.prepacked:
-            layout = packed_layout(expr, t, program.tiles, program.vector_axis, lanes)
+            layout = packed_layout(expr, t, program.tiles, program.vector_axis, lanes, program.dot_depth)
             if layout is None:
                 raise BuildError(f"{expr.name}: the plan prepacks {t.name}, whose top tile is no box of the buffer")
             out[t.name] = layout

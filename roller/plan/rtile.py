@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Mapping
 
 from roller.device.spec import Device, MemoryLevel
+from roller.plan.dot import dot_depth
 from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
 
 
@@ -134,6 +135,7 @@ class LevelRules:
     lanes: int
     vector_axis: str | None
     partial_sums: str | None = None
+    dot: int = 1  # reduce elements each lane sums a step (roller.plan.dot): the register tile's step along k
 
     @classmethod
     def of(cls, device: Device, index: int, expr: Expr, vector_axis: str | None = None) -> "LevelRules":
@@ -149,7 +151,7 @@ class LevelRules:
             return hit[1]
         reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
         rules = cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
-                    expr.output.name if reduced else None)
+                    expr.output.name if reduced else None, dot_depth(expr, device, vector_axis))
         made[key] = (device, rules)
         return rules
 
@@ -287,11 +289,14 @@ def traffic(expr: Expr, tile: Mapping[str, int], rules: LevelRules,
 def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
     """The granule of a tile along ``axis`` at a level, before nesting and shape rules.
 
-    Level 0: the vector axis moves in whole SIMD vectors / warps. Above: an axis that indexes some
+    Level 0: the vector axis moves in whole SIMD vectors / warps, the reduction in whole dot steps where the
+    plans run dot-product lanes (``LevelRules.dot``, ``roller.plan.dot``). Above: an axis that indexes some
     tensor's contiguous dimension moves in whole transactions of that tensor's dtype.
     """
     if rules.index == 0:
-        return rules.lanes if axis == rules.vector_axis else 1
+        if axis == rules.vector_axis:
+            return rules.lanes
+        return rules.dot if rules.dot > 1 and expr.axis(axis).kind == REDUCE else 1
     step = 1
     for t in aligning_tensors(expr):
         if axis in t.innermost_axes():

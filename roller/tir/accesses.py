@@ -44,7 +44,7 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
                     if a.kind == REDUCE and zero_padding_is_neutral(main, [iv.var]))
     expr = Expr(name=name or main_name, axes=axes, inputs=tuple(inputs.values()), output=output,
                 flops_per_point=_count_flops(store.value, bctx), block=main_name, epilogue=stages,
-                zero_pad_axes=neutral)
+                zero_pad_axes=neutral, accumulates=str(store.buffer.dtype))
     return expr, accumulator
 
 # ---------------------------------------------------------------------------------------------

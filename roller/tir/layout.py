@@ -11,7 +11,8 @@ from roller.plan.prepack import PackedLayout
 def index_maps(layout: PackedLayout) -> list:
     """The ``tvm.tirx.IndexMap`` steps from the buffer's indices to the packed ones: the position of the
     tile at each level, then the element within the smallest tile; with row padding, the last dimension
-    split by the padded row length, a split TVM pads."""
+    split by the padded row length, a split TVM pads; with ``dot``, the reduced dimension split by it within the
+    smallest tile, its remainder last."""
     from tvm.tirx import IndexMap
 
     if len(layout.orders) != len(layout.tiles) + 1:
@@ -26,7 +27,15 @@ def index_maps(layout: PackedLayout) -> list:
         out = []
         for level, (tile, order) in enumerate(zip(layout.tiles, layout.orders)):
             out += [within(x, d, level) // tile[d] for d in order if tile[d] < outer[level][d]]
-        return out + [within(x, d, len(layout.tiles)) for d in layout.orders[-1]]
+        last = len(layout.tiles)
+        if layout.dot == 1:
+            return out + [within(x, d, last) for d in layout.orders[-1]]
+        # dot-product lanes: the reduced dimension's innermost ``dot`` elements stored last (its dot steps in
+        # place, where the smallest tile holds more than one: a zero index would not invert)
+        steps = layout.tiles[-1][layout.dot_dim] > layout.dot
+        inner = [within(x, d, last) // layout.dot if d == layout.dot_dim else within(x, d, last)
+                 for d in layout.orders[-1] if d != layout.dot_dim or steps]
+        return out + inner + [x[layout.dot_dim] % layout.dot]
 
     maps = [IndexMap.from_func(packed, ndim=len(layout.shape), index_dtype="int32")]
     if layout.row_pad:

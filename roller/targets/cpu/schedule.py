@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from roller.device.spec import Device
 from roller.errors import BuildError
+from roller.plan.dot import DOT_DEPTH, dot_operands
 from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
@@ -37,6 +38,7 @@ from roller.plan.rtile import clamp_tiles, compute_lanes
 from roller.plan.choices import serial_tail, vector_tail_split
 from roller.plan.tails import rolled_reduce_axes, tiling_extents
 from roller.targets.cpu.prefetch import prefetch_prepacked
+from roller.targets.cpu.vnni import register_vnni
 from roller.tir.tirtree import with_main
 from roller.targets.cpu.transpose import in_registers, mark as register_transpose
 from roller.tir.schedutil import check_program as _check_program, fuse_axes as _fuse_axes
@@ -132,6 +134,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             raise BuildError(f"{expr.name}: the plan keeps vector partial sums, but its register tile along {vname} "
                              f"is one element: no lane loop to rfactor")
 
+    dot = _dot_loop(sch, expr, program, reduce, vec, lanes) if program.dot_depth > 1 else None
+
     def present(loops):
         return [lp for lp in loops if lp is not None]
 
@@ -165,6 +169,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         order.append(vec.levels[0])
     if lane is not None:
         order.append(lane)
+    if dot is not None:
+        order.append(dot)  # below the lanes: one vpdpbusd per vector of the register tile (tensorized below)
     if len(order) > 1:
         sch.reorder(*order)
     grid = (sch.fuse(*sgrid) if len(sgrid) > 1 else sgrid[0]) if sgrid else None
@@ -308,7 +314,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # (docs/design-notes.md#schedule-schedule_cpu)
             outer, vloop = split_vectors(sch, vloop, lanes, tail_vector)
             sch.unroll(outer)
-        if vext > 1:
+        if dot is None and vext > 1:  # with a dot step: tensorized once the weight is laid out (below)
             sch.vectorize(vloop)
             if tail_vector:
                 # The partial last vector as a vector loop of its own (constant lanes, the loops above it
@@ -336,11 +342,36 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         layouts = _read_prepacked(sch, block, expr, program, device)
         blocks = {n: layout.block_elements() for n, layout in layouts.items()}
         blocks = {n: e for n, e in blocks.items() if n in program.prefetched}
-        sch = prefetch_prepacked(sch, sch.get(block).name_hint, blocks, len(prefix) - 1 if grid is not None else 0,
+        name = sch.get(block).name_hint
+        sch = prefetch_prepacked(sch, name, blocks, len(prefix) - 1 if grid is not None else 0,
                                  device.private_levels[-1].transaction_bytes)
-    elif program.prefetched:
-        raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)}, which it does not prepack")
+        if dot is not None:
+            # the register tile's vector and its dot step, one vpdpbusd (the schedule is the prefetch's edit:
+            # the loops are found again, the vector loop second innermost)
+            sch.tensorize(sch.get_loops(sch.get_sblock(name))[-2], register_vnni(lanes, ACCUMULATOR_SCOPE))
+    elif program.prefetched or dot is not None:
+        raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)} or runs dot-product lanes "
+                         f"(depth {program.dot_depth}) on a weight it does not prepack")
     return with_main(sch, in_registers(sch.mod["main"]))
+
+
+def _dot_loop(sch, expr: Expr, program: RProgram, reduce: list[_AxisLoops], vec: _AxisLoops | None, lanes: int):
+    """The loop of the plan's dot step (``RProgram.dot_depth`` reduce elements, innermost, summed per lane by
+    vpdpbusd: ``roller.plan.dot``), split off the reduction's register loop, which keeps the rest. A
+    BuildError where the plan's dot-product lanes do not fit the expression or its tiles."""
+    depth = program.dot_depth
+    if depth != DOT_DEPTH or dot_operands(expr, program.vector_axis) is None or vec is None or len(reduce) != 1:
+        raise BuildError(f"{expr.name}: the plan runs {depth}-deep dot-product lanes, but the expression is no "
+                         f"u8 x s8 matmul along {program.vector_axis} that vpdpbusd ({DOT_DEPTH} deep) can run")
+    k = reduce[0]
+    if k.levels[0] is None or k.sizes[0] % depth or vec.sizes[0] % lanes:
+        raise BuildError(f"{expr.name}: the plan runs {depth}-deep dot-product lanes, but its register tile takes "
+                         f"{k.sizes[0]} of {k.name} and {vec.sizes[0]} of {vec.name} ({lanes} lanes)")
+    if k.sizes[0] == depth:
+        loop, k.levels[0] = k.levels[0], None
+    else:
+        k.levels[0], loop = sch.split(k.levels[0], [None, depth])
+    return loop
 
 
 def _inline_epilogues(sch, consumers, program: RProgram, name: str) -> None:

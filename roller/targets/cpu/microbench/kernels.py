@@ -75,53 +75,6 @@ def peak_reference(a: np.ndarray, b: np.ndarray, reps: int) -> np.ndarray:
     return reps * np.einsum("uik,ukj->uij", a.astype("float64"), b.astype("float64"))
 
 
-VNNI_INTRIN = "microbench_vnni_16x4_local"
-
-
-def _register_vnni() -> str:
-    """Registers (once) a u8·s8→s32 16×4 dot-product tensor intrinsic on a register-resident C.
-
-    TVM ships one (``dot_16x4_vnni``) for a C in global memory; the peak tile keeps C in a local
-    buffer, so this is the same computation with a ``local`` C, lowered to LLVM's vpdpbusd.
-    """
-    from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
-
-    if TensorIntrin.get(VNNI_INTRIN, allow_missing=True) is not None:
-        return VNNI_INTRIN
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1, scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i, k in T.grid(16, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (4,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (16,), "int32", offset_factor=1, scope="local")
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-            # LLVM's vpdpbusd.512 takes its two byte operands as <64 x i8>.
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"), T.reinterpret(T.broadcast(a4, 16), dtype="int8x64"),
-                B.vload([0, 0], dtype="int8x64"), dtype="int32x16")
-
-    TensorIntrin.register(VNNI_INTRIN, desc, impl)
-    return VNNI_INTRIN
-
-
 def int8_peak_kernel(mr: int, nv: int, k: int, reps: int, units: int, parallel: bool):
     """The int8 peak tile: ``C[u,i,j] = Σ_{r,kk} A[u,i,kk]·B[u,kk//4,j,kk%4]``, u8 × s8 → s32, via VNNI.
 
@@ -130,6 +83,8 @@ def int8_peak_kernel(mr: int, nv: int, k: int, reps: int, units: int, parallel: 
     """
     import tvm
     from tvm import te
+
+    from roller.targets.cpu.vnni import register_vnni
 
     nr = nv * 16
     A = te.placeholder((units, mr, k), "uint8", "A")
@@ -153,7 +108,7 @@ def int8_peak_kernel(mr: int, nv: int, k: int, reps: int, units: int, parallel: 
         sch.parallel(u)
     init = sch.decompose_reduction(blk, rr)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(ji, _register_vnni())
+    sch.tensorize(ji, register_vnni(16, "local"))  # the peak tile keeps C in a local buffer
     return sch.mod["main"]
 
 

@@ -1,0 +1,93 @@
+"""Dot-product lanes for 8-bit matmuls: where the CPU has VNNI, each int32 lane sums 4 products a step.
+
+A u8 x s8 -> s32 matmul (what ``roller.models.quantized`` makes of MatMulInteger) otherwise does one
+multiply-add per int32 lane, the float32 rate. VNNI's ``vpdpbusd`` multiplies 4 unsigned bytes of the
+activation (one int32 broadcast to every lane) by 4 signed bytes of the weight per lane and adds their sum
+to the lane: 4 multiply-adds a lane, the spec's ``peak_gflops.int8`` (calibrated by the VNNI microbenchmark).
+A plan that runs its register tile so (``RProgram.dot_depth``) splits the reduction by :data:`DOT_DEPTH`
+innermost, reads the weight prepacked with those 4 bytes last (``prepack.PackedLayout.dot``: each
+vector's 4 x lanes bytes contiguous, as the instruction reads them), and the model charges the int8 peak.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
+
+DOT_DEPTH = 4  # products each int32 lane sums per vpdpbusd
+
+# LLVM target features (the device's target mattr) with which vpdpbusd exists at a vector width (bytes):
+# AVX-512 VNNI for zmm; AVX-VNNI (or AVX-512 VNNI with VL) for ymm
+VNNI_FEATURES = {64: ("+avx512vnni",), 32: ("+avxvnni", "+avx512vnni")}
+
+
+def target_features(device) -> frozenset[str]:
+    """The LLVM features the device's target names (``mattr``: a list, or one comma-separated string)."""
+    mattr = device.target.get("mattr", ())
+    if isinstance(mattr, str):
+        mattr = mattr.split(",")
+    return frozenset(str(f).strip() for f in mattr)
+
+
+def has_vnni(device) -> bool:
+    """Whether the device's target runs vpdpbusd on its vectors (a CPU whose mattr has VNNI at its width)."""
+    if device.kind != "cpu":
+        return False
+    return bool(target_features(device) & set(VNNI_FEATURES.get(device.units.vector_bytes, ())))
+
+
+def dot_operands(expr: Expr, vector_axis: str | None) -> tuple[TensorAccess, TensorAccess] | None:
+    """(activation, weight) of a matmul-class u8 x s8 reduction accumulating in int32 (an epilogue may follow)
+    that dot-product lanes can run with
+    ``vector_axis`` as the lanes, else None: one reduced axis k, two inputs indexed by it, the uint8 one
+    contiguous along k (4 consecutive bytes make the broadcast) and without the vector axis, the int8 one
+    indexed by k and the vector axis each in a dimension of its own; the vector axis is the output's
+    contiguous one; k and the vector axis come in whole dot steps and vectors."""
+    reduce = expr.reduce_axes
+    if (len(reduce) != 1 or (expr.accumulates or expr.output.dtype) != "int32" or expr.flops_per_point != 2
+            or vector_axis is None):
+        return None
+    k = reduce[0].name
+    if expr.axis(vector_axis).kind == REDUCE or expr.output.innermost_axes() != (vector_axis,):
+        return None
+    main = [t for t in expr.inputs if k in t.axes]
+    if len(main) != 2:
+        return None
+    act = next((t for t in main if t.dtype == "uint8"), None)
+    weight = next((t for t in main if t.dtype == "int8"), None)
+    if act is None or weight is None:
+        return None
+    if act.innermost_axes() != (k,) or plain_dim(act, k) != len(act.index) - 1 or vector_axis in act.axes:
+        return None
+    if plain_dim(weight, k) is None or plain_dim(weight, vector_axis) is None or weight.axes != {k, vector_axis}:
+        return None
+    return act, weight
+
+
+def dot_depth(expr: Expr, device, vector_axis: str | None) -> int:
+    """:data:`DOT_DEPTH` where plans vectorizing ``vector_axis`` may run dot-product lanes on ``device``
+    (VNNI at its width, :func:`dot_operands`, the reduction a whole number of dot steps and the vector axis
+    of whole vectors), else 1. Tiles then step by it along the reduction at the register level."""
+    if not has_vnni(device) or dot_operands(expr, vector_axis) is None:
+        return 1
+    k = expr.reduce_axes[0]
+    lanes = device.units.lanes(expr.dtype)
+    if k.extent % DOT_DEPTH or expr.axis(vector_axis).extent % lanes:
+        return 1
+    return DOT_DEPTH
+
+
+def program_dot_depth(expr: Expr, tiles: Sequence[Mapping[str, int]], device, vector_axis: str | None,
+                      prepacked: Sequence[str], overhanging: Sequence[str]) -> int:
+    """The dot depth a plan with these tiles runs (``RProgram.dot_depth``): :func:`dot_depth` where the weight
+    arrives prepacked (the layout vpdpbusd reads is made once, with the constant), the register tile takes
+    whole dot steps, and neither k nor the vector axis overhangs (``overhanging``: the plan's padded and
+    predicated axes; a bound inside the dot step or the vector would need lanes the instruction has not)."""
+    depth = dot_depth(expr, device, vector_axis)
+    if depth == 1:
+        return 1
+    _, weight = dot_operands(expr, vector_axis)
+    k = expr.reduce_axes[0].name
+    if weight.name not in prepacked or tiles[0][k] % depth or {k, vector_axis} & set(overhanging):
+        return 1
+    return depth
