@@ -40,7 +40,8 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     vector lanes; ``"NCHW"`` keeps the frontend's layout. ``fast_math`` replaces erf, exp, tanh and
     softmax by TVM's vectorizable approximations (``relax.transform.FastMathTransform``: fast_erf is
     within 2e-7 of erf and ran 4096 values in 1 us against 27-37 us, which dominated a GELU MLP), and
-    sigmoid by 1 / (1 + exp(-x)) first so that its exp becomes fast_exp (:func:`_sigmoid_by_exp`)."""
+    sigmoid by 1 / (1 + exp(-x)) first so that its exp becomes fast_exp, and a power by a small whole
+    constant by products (:func:`_vectorizable_math`)."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
@@ -48,7 +49,7 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     if layout not in ("NHWC", "NCHW"):
         raise ModelError(f"layout {layout!r}: use NHWC or NCHW")
     convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
-    fast = ([tvm.transform.module_pass(_sigmoid_by_exp, opt_level=0, name="roller.SigmoidByExp"),
+    fast = ([tvm.transform.module_pass(_vectorizable_math, opt_level=0, name="roller.VectorizableMath"),
              relax.transform.FastMathTransform()] if fast_math else [])
     fold = [tvm.transform.module_pass(_fold_layout_constants, opt_level=0, name="roller.FoldLayoutConstants")]
     # folded before the layout conversion too: a Clip's bounds must be constants for its kernels to become
@@ -183,26 +184,58 @@ def _layout_folder():
     return _Fold
 
 
-def _sigmoid_by_exp(mod, _ctx):
-    """Rewrites ``relax.sigmoid(x)`` as ``1 / (1 + exp(-x))``, which FastMathTransform then turns into
-    TVM's vectorizable fast_exp: LLVM lowers tir's sigmoid through a scalar libm exp per lane, and
-    EfficientNet-B0's SiLU epilogues (x * sigmoid(x)) made its convolutions 3-8x slower than
-    onnxruntime's. fast_exp clamps its argument to +-88.4, so large |x| still give 0 and 1."""
+# Powers by a whole constant written as products: LLVM lowers tir's pow through a scalar libm call per
+# lane (GPT-2's GELU, 0.5x(1 + tanh(c(x + 0.044715 x^3))), ran 1.9 ms on 128 x 3072 values)
+_POWER_BY_PRODUCTS = (2.0, 3.0, 4.0)
+
+
+def _dims(ty) -> tuple[int, ...] | None:
+    """The static shape of a Relax tensor type, else None."""
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None or not all(hasattr(d, "value") for d in values):
+        return None
+    return tuple(int(d.value) for d in values)
+
+
+def _vectorizable_math(mod, _ctx):
+    """Rewrites what LLVM would compute lane by lane through libm into what vectorizes:
+    ``relax.sigmoid(x)`` as ``1 / (1 + exp(-x))``, whose exp FastMathTransform then turns into TVM's
+    fast_exp (EfficientNet-B0's SiLU epilogues made its convolutions 3-8x slower than onnxruntime's;
+    fast_exp clamps its argument to +-88.4, so large |x| still give 0 and 1), and ``relax.power(x, c)``
+    for c in :data:`_POWER_BY_PRODUCTS` as ``x * x (* x ...)``."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    sigmoid = tvm.ir.Op.get("relax.sigmoid")
+    sigmoid, power = tvm.ir.Op.get("relax.sigmoid"), tvm.ir.Op.get("relax.power")
 
     @mutator
     class _Rewrite(PyExprMutator):
+        def exponent(self, arg):
+            if isinstance(arg, relax.Var):
+                arg = self.lookup_binding(arg)
+            if not isinstance(arg, tvm.ir.expr.Constant) or arg.value.numpy().size != 1:
+                return None
+            value = float(arg.value.numpy().reshape(()))
+            return int(value) if value in _POWER_BY_PRODUCTS else None
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(sigmoid)):
+            if not isinstance(call.op, tvm.ir.Op):
                 return call
-            x = call.args[0]
-            one = relax.const(1.0, str(call.ty.dtype))
-            return relax.op.divide(one, relax.op.add(one, relax.op.exp(relax.op.negative(x))))
+            if call.op.same_as(sigmoid):
+                x = call.args[0]
+                one = relax.const(1.0, str(call.ty.dtype))
+                return relax.op.divide(one, relax.op.add(one, relax.op.exp(relax.op.negative(x))))
+            if call.op.same_as(power) and str(call.ty.dtype).startswith("float"):
+                n = self.exponent(call.args[1])
+                if n is None or _dims(call.ty) is None or _dims(call.ty) != _dims(call.args[0].ty):
+                    return call  # (a power that broadcasts x keeps its own form)
+                out = call.args[0]
+                for _ in range(n - 1):
+                    out = relax.op.multiply(out, call.args[0])
+                return out
+            return call
 
     rewrite = _Rewrite(mod)
     for gv, func in mod.functions_items():
