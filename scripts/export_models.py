@@ -58,11 +58,16 @@ def _import_torch():
     return torch
 
 
-def _import_torchvision():
-    # torchvision's compiled operators (nms, roi_align...) do not load against the CPU build of torch; the
-    # classifiers use none of them, and these two modules are what registers them at import
+def _stub_torchvision_operators():
+    """torchvision's compiled operators (nms, roi_align...) do not load against the CPU build of torch; the
+    classifiers use none of them, and these two modules are what registers them at import. transformers
+    imports torchvision too where it is installed, so the text models need this as well."""
     for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
         sys.modules.setdefault(name, types.ModuleType(name))
+
+
+def _import_torchvision():
+    _stub_torchvision_operators()
     try:
         import torchvision.models
     except ImportError as e:
@@ -72,6 +77,7 @@ def _import_torchvision():
 
 
 def _import_transformers():
+    _stub_torchvision_operators()  # (a text-only export failed: "Could not import module 'BertModel'")
     try:
         import transformers
     except ImportError as e:
