@@ -43,7 +43,7 @@ class GpuLevelRules(LevelRules):
         # read down its columns
         columns = frozenset(t.name for t in expr.inputs
                             if not any(expr.axis(a).kind != REDUCE for a in t.innermost_axes()))
-        return cls(index, device.private_levels[index], 1, None, None, expr.output.name, columns)
+        return cls(index, device.private_levels[index], 1, None, None, output=expr.output.name, column_read=columns)
 
     def row_bytes(self, t: TensorAccess, inner: int, moved: bool = False) -> int:
         """Bytes one row of a tensor tile takes (or, ``moved``, transfers) at this level.
