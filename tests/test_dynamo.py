@@ -64,3 +64,36 @@ def test_dynamo_unsupported_op_falls_back_once():
     ours, warned = compiled(Unsupported(), x)
     assert len(warned) == 1 and "from_fx" in str(warned[0].message), [str(w.message) for w in warned]
     assert torch.equal(ours, Unsupported()(x))
+
+
+def test_batch_norms_fold_into_convolutions():
+    """Every eval batch norm after a convolution is folded into its weight and bias before from_fx (else Relax
+    fuses it apart from the convolution: one more pass over every activation), and the graph still computes
+    eager's output."""
+    import roller.models.dynamo as rd
+
+    torch.manual_seed(0)
+    model = TinyResNet().eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 32, 32)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        frozen, keep = rd._freeze_weights(gm, list(example_inputs))
+        seen["folded"] = rd._fold_batch_norms(frozen)
+        seen["left"] = [n for n in frozen.graph.nodes if n.target is nn.functional.batch_norm]
+        seen["out"] = frozen(*[example_inputs[i] for i in keep])
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(x)
+        expected = model(x)
+    assert seen["folded"] == 3 and not seen["left"]
+    out = seen["out"][0] if isinstance(seen["out"], (tuple, list)) else seen["out"]
+    close(out, expected)
