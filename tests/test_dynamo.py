@@ -97,3 +97,15 @@ def test_batch_norms_fold_into_convolutions():
     assert seen["folded"] == 3 and not seen["left"]
     out = seen["out"][0] if isinstance(seen["out"], (tuple, list)) else seen["out"]
     close(out, expected)
+
+
+def test_hardtanh_bounds_from_positional_arguments():
+    """nn.ReLU6 and nn.Hardtanh reach the backend as hardtanh(x, min, max) with positional bounds, which TVM
+    0.27's from_fx ignored (clip to [-1, 1]: MobileNetV2 came out 34x its scale off)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.Conv2d(8, 8, 1), nn.Hardtanh(-2.0, 3.0)).eval()
+    x = 4 * torch.randn(1, 3, 16, 16)
+    ours, warned = compiled(model, x)
+    assert not warned, [str(w.message) for w in warned]
+    with torch.no_grad():
+        close(ours, model(x))

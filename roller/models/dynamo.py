@@ -162,6 +162,17 @@ def _batch_norm(node, importer):
     return importer.block_builder.emit(relax.TupleGetItem(out, 0))
 
 
+def _hardtanh(node, importer):
+    """``torch.nn.functional.hardtanh`` (nn.ReLU6 is hardtanh(x, 0, 6)) with its bounds read from the positional
+    arguments too: TVM 0.27's from_fx reads them from keywords only, so Dynamo's ``hardtanh(x, 0.0, 6.0, False)``
+    became clip(x, -1, 1) (MobileNetV2's outputs off by 34x their scale)."""
+    from tvm import relax
+
+    arg = {"min_val": -1.0, "max_val": 1.0, **dict(zip(["input", "min_val", "max_val"], node.args)), **node.kwargs}
+    x = importer.env[arg["input"]]
+    return importer.block_builder.emit(relax.op.clip(x, float(arg["min_val"]), float(arg["max_val"])))
+
+
 def _to_tvm(t):
     """A torch CPU tensor as a TVM tensor sharing its memory; copied only where DLPack import refuses it."""
     import torch
@@ -200,7 +211,7 @@ def _compile_graph(gm, example_inputs, options: dict) -> Callable:
             raise _Unsupported("symbolic shapes (static shapes only)")
         input_info.append((tuple(t.shape), str(t.dtype).removeprefix("torch.")))
     try:
-        mod = from_fx(frozen, input_info, custom_convert_map={"batch_norm": _batch_norm})
+        mod = from_fx(frozen, input_info, custom_convert_map={"batch_norm": _batch_norm, "hardtanh": _hardtanh})
     except Exception as e:
         raise _Unsupported(f"TVM's from_fx does not import the graph: {type(e).__name__}: {e}") from e
     try:
