@@ -49,7 +49,7 @@ class MissingDependency(Exception):
     pass
 
 
-def _import_torch():
+def import_torch():
     try:
         import torch
     except ImportError as e:
@@ -66,7 +66,7 @@ def _stub_torchvision_operators():
         sys.modules.setdefault(name, types.ModuleType(name))
 
 
-def _import_torchvision():
+def import_torchvision():
     _stub_torchvision_operators()
     try:
         import torchvision.models
@@ -86,14 +86,14 @@ def _import_transformers():
 
 
 def _vision(name: str, batch: int):
-    torch = _import_torch()
-    tvm_models = _import_torchvision()
+    torch = import_torch()
+    tvm_models = import_torchvision()
     model = getattr(tvm_models, name)(weights=None).eval()
     return model, (torch.randn(batch, *IMAGE),), ["x"]
 
 
 def _text(name: str, layers: int, batch: int):
-    torch = _import_torch()
+    torch = import_torch()
     tf = _import_transformers()
     config_cls, model_cls, layer_field, mask = TEXT[name]
     config = getattr(tf, config_cls)()
@@ -120,8 +120,10 @@ def _text(name: str, layers: int, batch: int):
     return LastHidden(model), (ids,), ["input_ids"]
 
 
-def export(name: str, out: Path, layers: int, batch: int = 1) -> Path:
-    torch = _import_torch()
+def build(name: str, layers: int = 2, batch: int = 1):
+    """The model ``name`` (eval mode, random weights from seed 0), its example inputs and their names, as
+    exported; also scripts/bench_dynamo.py's models."""
+    torch = import_torch()
     torch.manual_seed(0)
     # nn.MultiheadAttention's inference fast path is one aten::_native_multi_head_attention call, which
     # the TorchScript exporter cannot write (vit_b_16): the plain path exports as MatMul/Softmax
@@ -132,10 +134,21 @@ def export(name: str, out: Path, layers: int, batch: int = 1) -> Path:
         for p in model.parameters():  # output a constant and any comparison of outputs vacuous
             if p.dim() >= 2 and not p.any():
                 p.normal_(0.0, 0.02)
-    path = out / (f"{name}.onnx" if batch == 1 else f"{name}_b{batch}.onnx")
+    return model, args, inputs
+
+
+def write_onnx(model, args, inputs, f) -> None:
+    """``model`` on ``args`` as ONNX into ``f`` (a path or a binary file): the TorchScript exporter, OPSET."""
+    torch = import_torch()
     with torch.no_grad():
-        torch.onnx.export(model, args, str(path), input_names=inputs, output_names=["y"], opset_version=OPSET,
+        torch.onnx.export(model, args, f, input_names=inputs, output_names=["y"], opset_version=OPSET,
                           dynamo=False, do_constant_folding=True)
+
+
+def export(name: str, out: Path, layers: int, batch: int = 1) -> Path:
+    model, args, inputs = build(name, layers, batch)
+    path = out / (f"{name}.onnx" if batch == 1 else f"{name}_b{batch}.onnx")
+    write_onnx(model, args, inputs, str(path))
     return path
 
 
@@ -162,7 +175,7 @@ def main(argv=None) -> int:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     out = Path(args.out)
     try:
-        _import_torch()
+        import_torch()
         out.mkdir(parents=True, exist_ok=True)
         import warnings
 

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (optional: pip install 'roller[torch]')")
 nn = torch.nn
+from torch_models import TinyBert, TinyResNet  # noqa: E402 (after the skip: it imports torch)
 
 pytestmark = pytest.mark.build
 
@@ -17,48 +18,6 @@ def close(ours, eager):
     assert isinstance(ours, torch.Tensor) and ours.shape == eager.shape and ours.dtype == eager.dtype
     err = (ours - eager).abs().max().item()
     assert err <= TOL * eager.abs().max().item(), (err, eager.abs().max().item())
-
-
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        y = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(y)) + x)
-
-
-class TinyResNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem, self.bn = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16)
-        self.pool = nn.MaxPool2d(2)
-        self.block = Block(16)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x):
-        y = self.pool(torch.relu(self.bn(self.stem(x))))
-        y = self.block(y)
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
-
-
-class TinyBert(nn.Module):
-    def __init__(self, d=32, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.ff1, self.ff2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        # chunk, not `q, k, v = tensor` (TVM 0.27's from_fx mis-imports unpacking a tensor: it falls back)
-        q, k, v = (p.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for p in self.qkv(x).chunk(3, -1))
-        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
-        y = self.ln1(x + self.out((att @ v).transpose(1, 2).reshape(b, t, d)))
-        return self.ln2(y + self.ff2(nn.functional.gelu(self.ff1(y))))
 
 
 class Unsupported(nn.Module):
@@ -105,3 +64,48 @@ def test_dynamo_unsupported_op_falls_back_once():
     ours, warned = compiled(Unsupported(), x)
     assert len(warned) == 1 and "from_fx" in str(warned[0].message), [str(w.message) for w in warned]
     assert torch.equal(ours, Unsupported()(x))
+
+
+def test_batch_norms_fold_into_convolutions():
+    """Every eval batch norm after a convolution is folded into its weight and bias before from_fx (else Relax
+    fuses it apart from the convolution: one more pass over every activation), and the graph still computes
+    eager's output."""
+    import roller.models.dynamo as rd
+
+    torch.manual_seed(0)
+    model = TinyResNet().eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 32, 32)
+    seen = {}
+
+    def backend(gm, example_inputs):
+        frozen, keep = rd._freeze_weights(gm, list(example_inputs))
+        seen["folded"] = rd._fold_batch_norms(frozen)
+        seen["left"] = [n for n in frozen.graph.nodes if n.target is nn.functional.batch_norm]
+        seen["out"] = frozen(*[example_inputs[i] for i in keep])
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(x)
+        expected = model(x)
+    assert seen["folded"] == 3 and not seen["left"]
+    out = seen["out"][0] if isinstance(seen["out"], (tuple, list)) else seen["out"]
+    close(out, expected)
+
+
+def test_hardtanh_bounds_from_positional_arguments():
+    """nn.ReLU6 and nn.Hardtanh reach the backend as hardtanh(x, min, max) with positional bounds, which TVM
+    0.27's from_fx ignored (clip to [-1, 1]: MobileNetV2 came out 34x its scale off)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.Conv2d(8, 8, 1), nn.Hardtanh(-2.0, 3.0)).eval()
+    x = 4 * torch.randn(1, 3, 16, 16)
+    ours, warned = compiled(model, x)
+    assert not warned, [str(w.message) for w in warned]
+    with torch.no_grad():
+        close(ours, model(x))

@@ -21,6 +21,8 @@ CASE = "bert_rowsum_128x768"  # a small suite case: one 128x768 row sum
 # name -> (arguments (TMP: a temporary folder), regular expression the output must contain, slow)
 SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "ab_first_plans": (["TMP/plans.json", "TMP/plans.json", CASE, "--rounds", "1"], r"old/new paired \d", True),
+    "bench_dynamo": (["--models", "tiny_resnet", "--engines", "eager,roller,onnxruntime", "--rounds", "1", "--target",
+                      "0.01", "--out", "TMP/bd"], r"\| tiny_resnet \| roller \| [\d.]+ \| [\d.]+ \| 1\.00 \|", True),
     "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
     "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--batch", "1,2", "--out", "TMP/bm"],
                      r"\| cnn \| 2 \|[^\n]*\| (onnxruntime|OpenVINO) \| \d", True),  # batch 2's row names its fastest peer
@@ -65,6 +67,8 @@ def _no_cuda_toolchain():
 
 
 NEEDS = {"torch_eager": _no_torch, "gpu_matmul_vs_dlight": _no_cuda_toolchain}
+# scripts that, lacking what they need, say so in one line and exit 2: without it their smoke run checks that
+MISSING_EXIT = {"bench_dynamo": _no_torch}
 
 
 def run(name: str, args: list[str], tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -123,6 +127,12 @@ def test_smoke(name, tmp_path, request):
     args, expect, _ = SMOKE[name]
     if any("plans.json" in a for a in args):
         tmp_path = request.getfixturevalue("plans_snapshot")
+    missing = MISSING_EXIT.get(name)
+    if missing and missing():
+        r = run(name, args, tmp_path, timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stdout == "" and re.fullmatch(rf"{name}: needs [^\n]*\n", r.stderr), r.stderr
+        return
     need = NEEDS.get(name)
     reason = need() if need else None
     if reason:
