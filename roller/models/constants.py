@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from roller.device.spec import Device
+from roller.models.relax_rewrite import mutate_functions
 
 
 def call_counts(mod) -> dict[str, int]:
@@ -141,7 +142,4 @@ def prepack_constants(mod, reports) -> object:
 
     pack = _Pack(base)
     fresh = {gv: pack.builder_.add_func(f, gv.name_hint) for gv, f in changed.items()}
-    for gv, func in base.functions_items():
-        if isinstance(func, relax.Function):
-            pack.builder_.update_func(gv, pack.visit_expr(func))
-    return pack.builder_.get()
+    return mutate_functions(pack, base)

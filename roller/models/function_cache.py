@@ -27,6 +27,7 @@ from typing import Any
 
 from roller.device.spec import Device
 from roller.models.relax_pass import FunctionStep
+from roller.models.relax_rewrite import mutate_functions
 
 SYMBOL_PREFIX = "roller_kernel_"     # + the cache key: the global function a Relax call names
 REPORT_KIND = "relax_function"
@@ -173,9 +174,6 @@ def _by_name(mod, symbols: dict):
             return call
 
     rewrite = _Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    out = rewrite.builder_.get()
+    out = mutate_functions(rewrite, mod)
     return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv.name_hint not in symbols or gv.name_hint in kept},
                         attrs=out.attrs, global_infos=out.global_infos)

@@ -15,6 +15,10 @@ is left alone: it is an epilogue input roller reads directly.
 """
 from __future__ import annotations
 
+import math
+
+from roller.models.relax_rewrite import mutate_functions, static_dims
+
 # TVM's relay/relax OpPatternKind values (include/tvm/relax/op_attr_types.h)
 ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE = 0, 1, 2, 4
 # How many elementwise/broadcast producers back from the multiply the convolution may be (bias, SiLU's
@@ -24,16 +28,8 @@ _CHAIN_DEPTH = 10
 
 def _elements(ty) -> int | None:
     """Elements of a static tensor type (a Relax var's or call's ``ty``), else None."""
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None:
-        return None
-    n = 1
-    for d in values:
-        if not hasattr(d, "value"):
-            return None
-        n *= int(d.value)
-    return n
+    dims = static_dims(ty)
+    return None if dims is None else math.prod(dims)
 
 
 def keep_widening_broadcasts_apart(mod, _ctx=None):
@@ -93,8 +89,4 @@ def keep_widening_broadcasts_apart(mod, _ctx=None):
                 self.copies[gv] = self.builder_.add_func(apart, f"{gv.name_hint}_apart")
             return relax.Call(call.op, [self.copies[gv], *call.args[1:]], call.attrs, call.ty_args)
 
-    apart = _Apart(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            apart.builder_.update_func(gv, apart.visit_expr(func))
-    return apart.builder_.get()
+    return mutate_functions(_Apart(mod), mod)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from roller.models.relax_rewrite import mutate_functions
+
 EIGHT_BIT = ("uint8", "int8")
 
 
@@ -114,10 +116,7 @@ def narrow_integer_matmuls(mod):
     from tvm import relax
 
     narrow = _integer_matmul_mutator()(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            narrow.builder_.update_func(gv, narrow.visit_expr(func))
-    out = narrow.builder_.get()
+    out = mutate_functions(narrow, mod)
     if narrow.rewritten:
         out = relax.transform.DeadCodeElimination()(out)
     return out, narrow.rewritten

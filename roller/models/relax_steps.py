@@ -10,6 +10,7 @@ from roller.errors import ModelError
 from roller.models.fusion_barriers import keep_widening_broadcasts_apart
 from roller.models.legalize import legalize_map
 from roller.models.quantized import narrow_integer_matmuls
+from roller.models.relax_rewrite import mutate_functions, static_dims
 
 
 def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -189,14 +190,6 @@ def _layout_folder():
 _POWER_BY_PRODUCTS = (2.0, 3.0, 4.0)
 
 
-def _dims(ty) -> tuple[int, ...] | None:
-    """The static shape of a Relax tensor type, else None."""
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None or not all(hasattr(d, "value") for d in values):
-        return None
-    return tuple(int(d.value) for d in values)
-
-
 def _vectorizable_math(mod, _ctx):
     """Rewrites what LLVM would compute lane by lane through libm into what vectorizes:
     ``relax.sigmoid(x)`` as ``1 / (1 + exp(-x))``, whose exp FastMathTransform then turns into TVM's
@@ -229,7 +222,7 @@ def _vectorizable_math(mod, _ctx):
                 return relax.op.divide(one, relax.op.add(one, relax.op.exp(relax.op.negative(x))))
             if call.op.same_as(power) and str(call.ty.dtype).startswith("float"):
                 n = self.exponent(call.args[1])
-                if n is None or _dims(call.ty) is None or _dims(call.ty) != _dims(call.args[0].ty):
+                if n is None or static_dims(call.ty) is None or static_dims(call.ty) != static_dims(call.args[0].ty):
                     return call  # (a power that broadcasts x keeps its own form)
                 out = call.args[0]
                 for _ in range(n - 1):
@@ -237,24 +230,15 @@ def _vectorizable_math(mod, _ctx):
                 return out
             return call
 
-    rewrite = _Rewrite(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get()
+    return mutate_functions(_Rewrite(mod), mod)
 
 
 def _fold_layout_constants(mod, _ctx):
     """Folds the weight transposes ConvertLayout inserts (and reshapes of constants) with numpy before
     legalization: TVM's FoldConstant builds and runs one unscheduled kernel per constant instead
     (ResNet-50: 7.1 s of a 25 s compile)."""
-    from tvm import relax
 
-    folder = _layout_folder()(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gv, folder.visit_expr(func))
-    return folder.builder_.get()
+    return mutate_functions(_layout_folder()(mod), mod)
 
 
 def build_module(mod, target):
