@@ -109,3 +109,26 @@ def test_hardtanh_bounds_from_positional_arguments():
     assert not warned, [str(w.message) for w in warned]
     with torch.no_grad():
         close(ours, model(x))
+
+
+def test_relu6_stays_a_convolution_epilogue():
+    """hardtanh becomes maximum then minimum, which the NHWC layout conversion sees through (relax.clip it
+    does not: ReLU6 ran as a function of its own between two transposes), so each convolution's function
+    carries its ReLU6 and nothing is transposed between them."""
+    from roller.models.dynamo import roller_backend
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU6(), nn.Conv2d(16, 16, 1), nn.ReLU6()).eval()
+    x = 4 * torch.randn(1, 3, 16, 16)
+    runs = []
+
+    def backend(gm, example_inputs):
+        runs.append(roller_backend(gm, example_inputs))
+        return runs[-1]
+
+    with torch.no_grad():
+        close(torch.compile(model, backend=backend, dynamic=False)(x), model(x))
+    names = [r.name for r in runs[0].compiled_model.report]
+    convs = [n for n in names if "conv2d" in n]
+    assert len(convs) == 2 and all("maximum" in n and "minimum" in n for n in convs), names
+    assert sum("transpose" in n for n in names) <= 2, names  # the input's and the output's layout only

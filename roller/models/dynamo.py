@@ -170,7 +170,11 @@ def _hardtanh(node, importer):
 
     arg = {"min_val": -1.0, "max_val": 1.0, **dict(zip(["input", "min_val", "max_val"], node.args)), **node.kwargs}
     x = importer.env[arg["input"]]
-    return importer.block_builder.emit(relax.op.clip(x, float(arg["min_val"]), float(arg["max_val"])))
+    dtype = str(x.ty.dtype)
+    # maximum then minimum, not relax.clip: ConvertLayout sees through these two (as the ONNX path's Clip
+    # becomes), so ReLU6 stays a convolution's epilogue in NHWC instead of a function between two transposes
+    low = importer.block_builder.emit(relax.op.maximum(x, relax.const(float(arg["min_val"]), dtype)))
+    return importer.block_builder.emit(relax.op.minimum(low, relax.const(float(arg["max_val"]), dtype)))
 
 
 def _to_tvm(t):
