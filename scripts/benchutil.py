@@ -161,12 +161,13 @@ def checked_plan(func, expr, program, device, arrays: Sequence[np.ndarray], refe
 
     from roller.targets import build
     from roller.plan.prepack import program_layouts
+    from roller.tir.layout import pack_constant
     from roller.measure.verify import TOLERANCE
 
     kernel = build(func, expr, program, device)["main"]  # looked up once: a lookup per call costs
     layouts = program_layouts(expr, program, device)
     names = [b.name for b in func.params][:len(arrays)]
-    tensors = [tvm.runtime.tensor(layouts[n].apply(a) if n in layouts else a) for n, a in zip(names, arrays)]
+    tensors = [tvm.runtime.tensor(pack_constant(layouts[n], a) if n in layouts else a) for n, a in zip(names, arrays)]
     tensors.append(tvm.runtime.tensor(np.full(reference.shape, np.nan, reference.dtype)))
     kernel(*tensors)
     rtol, atol = TOLERANCE[dtype]

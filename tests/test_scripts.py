@@ -33,7 +33,8 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs"], CASE, True),
     "bucket_cost": (["--k", "64", "--n", "64", "--max-seq", "16", "--rounds", "1"], r"ratio|median", True),
     "cache_latency": (["--shape", "M=64,N=64,K=64", "--calls", "3"], r"median|us|ms", True),
-    "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch"], r"\d", True),
+    "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch", "--constants", "B"], r"\d",
+                      True),  # --constants: the prepacked path (benchutil.checked_plan) too
     "core_speeds": (["--seconds", "1", "--bucket", "0.5"], r"\d", False),
     "cpu_plans_snapshot": (["--check", "TMP/plans.json", "--cases", CASE], r"identical: 1 cases", False),
     "export_models": (["--list"], r"resnet50\ttorchvision", False),  # --list needs no torch
