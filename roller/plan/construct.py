@@ -22,6 +22,7 @@ from roller.errors import InvalidShapeError, UnsupportedExpressionError
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.choices import estimated, plan_choices
 from roller.plan.cost import Estimate, compute_rate, rank, source_bandwidth, tensor_bytes
+from roller.plan.panels import panel_tiles
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (LevelRules, default_vector_axis, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint,
                                level_footprints, exact_axes, layout_expr, next_aligned, packing_bytes,
@@ -301,7 +302,18 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
                 walk(index + 1, acc + [tile])
 
     walk(0, [])
+    # the first cache level's tile as a panel (roller.plan.panels), once per register and upper tiles
+    seen = {_tiles_key(p) for p in out}
+    for p in list(out):
+        for panel in panel_tiles(expr, device, p, vector_axis):
+            if _tiles_key(panel) not in seen:
+                seen.add(_tiles_key(panel))
+                out.append(panel)
     return out
+
+
+def _tiles_key(tiles: list[Mapping[str, int]]) -> tuple:
+    return tuple(tuple(sorted(t.items())) for t in tiles)
 
 
 def _fits_one_unit(expr: Expr, device: Device) -> bool:

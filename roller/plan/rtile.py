@@ -247,8 +247,31 @@ def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
 
 def level_footprints(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
                      vector_axis: str | None = None) -> list[int]:
-    """The footprint of each level's tile of a full plan (nearest compute first)."""
-    return [footprint(expr, tile, LevelRules.of(device, i, expr, vector_axis)) for i, tile in enumerate(tiles)]
+    """The footprint of each level's tile of a full plan (nearest compute first). A panel's L1 tile
+    (:func:`streamed_axes`) holds its resident input whole and the others one register tile's rows at a time:
+    they stream past it."""
+    streamed = streamed_axes(expr, tiles)
+    out = []
+    for i, tile in enumerate(tiles):
+        if i == 1 and streamed:
+            tile = {**tile, **{a: tiles[0][a] for a in streamed}}
+        out.append(footprint(expr, tile, LevelRules.of(device, i, expr, vector_axis)))
+    return out
+
+
+def streamed_axes(expr: Expr, tiles: list[Mapping[str, int]]) -> frozenset[str]:
+    """The spatial axes along which the plan's L1 tile is a panel (``roller.plan.panels``): a reduction along
+    one axis longer than 1, whose L1 tile spans the next level's tile, beyond the register tile, along these
+    (the loop over them runs inside L1's tile, the inputs they index streaming past the others) and is the
+    register tile's along the other spatial axes; empty for other plans."""
+    if len(tiles) < 3 or sum(a.extent > 1 for a in expr.reduce_axes) != 1:
+        return frozenset()
+    reg, l1, above = tiles[0], tiles[1], tiles[2]
+    spans = frozenset(a.name for a in expr.axes if a.kind != REDUCE and l1[a.name] == above[a.name] > reg[a.name])
+    # along every other spatial axis the panel is one register tile wide
+    if not spans or any(l1[a.name] != reg[a.name] for a in expr.axes if a.kind != REDUCE and a.name not in spans):
+        return frozenset()
+    return spans
 
 
 def tile_counts(expr: Expr, tile: Mapping[str, int]) -> tuple[int, int]:
@@ -421,7 +444,8 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
     An input in a transposed layout (``layout_expr``) is always packed. Another is packed when, inside the
     top tile, the innermost loops walk across its rows (none of the
     reduced axes runs along its contiguous dimension), its rows are strided (the top tile covers part of
-    the contiguous dimension) and the top tile re-reads it: the copy is paid once and every re-read then
+    the contiguous dimension) and the top tile re-reads it (a panel re-reads its resident input inside its
+    L1 tile: :func:`panel_rereads`): the copy is paid once and every re-read then
     streams a dense block. A copy's rows are padded to whole vectors where they run along the vector axis
     (``vector_row_pad``), and further when the lower tile reads part of each row and the row stride would
     map a column onto few cache sets.
@@ -449,13 +473,19 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
                 if pad:
                     pads[t.name] = pad  # the staged window
                 continue
-            if not rereads(expr, t, top, under):
+            if not rereads(expr, t, top, under) and not panel_rereads(expr, t, tiles):
                 continue
         packed.append(t.name)
         pad = row_pad(t, region)
         if pad:
             pads[t.name] = pad
     return tuple(packed), pads
+
+
+def panel_rereads(expr: Expr, t: TensorAccess, tiles: list[Mapping[str, int]]) -> bool:
+    """Whether the plan's first cache level holds ``t`` as a panel (``roller.plan.panels``) and re-reads it
+    there: one of the panel's :func:`streamed_axes` does not index ``t``."""
+    return any(a not in t.axes for a in streamed_axes(expr, tiles))
 
 
 def copied_stages(expr: Expr, inlined: tuple[str, ...] = ()) -> tuple[str, ...]:
