@@ -12,9 +12,10 @@ from policy_exprs import acc, conv2d_nhwc, cpu, elementwise, matmul, reduce_rows
 from roller.plan.construct import EPSILON_STEPS, TWO_VECTOR_WASTE, construct, enumerate_programs
 from roller.plan.expr import REDUCE, SPATIAL, Axis, Expr, fuse_axes
 from roller.plan.cost import TIE, launch_seconds, tile_overhead
+from roller.plan.panels import panel_capacity
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (ODD_EXTENT_EPSILON, UNALIGNED_EXTENT_EPSILON, LevelRules, axis_epsilon, axis_step,
-                               compute_lanes, footprint, level_footprints, padding_waste, round_up, tile_counts)
+                               compute_lanes, footprint, level_footprints, padding_waste, streamed_axes, round_up, tile_counts)
 from roller.plan.choices import serial_tail
 from roller.plan.tails import tiling_extents
 
@@ -61,7 +62,8 @@ def check_invariants(expr, prog: RProgram, dev=DEV):
     for i, tile in enumerate(prog.tiles):
         assert set(tile) == {a.name for a in expr.axes}
         rules = LevelRules.of(dev, i, expr, prog.vector_axis)
-        assert held[i] <= rules.capacity, (i, tile)
+        room = panel_capacity(dev) if i == 1 and streamed_axes(expr, list(prog.tiles)) else rules.capacity
+        assert held[i] <= room, (i, tile)
         if i:
             for a, s in tile.items():
                 assert s % prog.tiles[i - 1][a] == 0 or s == expr.axis(a).extent, ("nesting", i, a)
@@ -76,7 +78,9 @@ def check_invariants(expr, prog: RProgram, dev=DEV):
                           else math.ceil(tiles / dev.units.count))
     assert prog.predicted_seconds > 0
     for lv in dev.private_levels:  # reported footprints (packed copies included) fit every level
-        assert prog.footprint_bytes[lv.name] <= lv.usable_bytes, (lv.name, prog.footprint_bytes)
+        room = panel_capacity(dev) if lv is dev.private_levels[1] and streamed_axes(expr, list(prog.tiles)) \
+            else lv.usable_bytes  # a panel (roller.plan.panels) holds more of L1: its streamed input passes through
+        assert prog.footprint_bytes[lv.name] <= room, (lv.name, prog.footprint_bytes)
 
 
 def with_tile(prog: RProgram, level: int, **sizes) -> RProgram:

@@ -7,7 +7,7 @@ import pytest
 
 from policy_exprs import conv2d_nhwc, cpu, elementwise, matmul
 from roller.plan.construct import enumerate_programs
-from roller.plan.panels import panel_tiles, resident_input
+from roller.plan.panels import panel_capacity, panel_tiles, resident_input
 from roller.plan.rtile import level_footprints, packing, panel_rereads, streamed_axes
 
 DEV = cpu()
@@ -35,14 +35,14 @@ def test_a_panel_spans_the_l2_tile_along_the_streamed_axis_and_holds_a_chunk_of_
         assert l1["i"] == l2["i"] and l1["j"] == reg["j"]
         assert l2["k"] % l1["k"] == 0 and l1["k"] % reg["k"] == 0  # nested
         assert streamed_axes(e, tiles) == {"i"}
-        # held as a panel (B's chunk whole, A's and C's register-tile rows) it fits L1, as every level's tile fits
-        assert level_footprints(e, tiles, DEV, "j")[1] <= DEV.private_levels[1].usable_bytes
+        # held as a panel (B's chunk whole, A's and C's register-tile rows) it fits its share of L1
+        assert level_footprints(e, tiles, DEV, "j")[1] <= panel_capacity(DEV)
         chunks.append(l1["k"])
-    # the largest chunk that fits (twice as much would not: 16 KiB of B alone), and the largest of half of L1
-    # (B 128 B a step, A 4 lines per 16 steps, C 4 x 2 lines on a 16 KiB usable L1)
-    assert sorted(chunks) == [32, 64]
-    twice = [plan[0], {"i": 256, "j": 32, "k": 128}, plan[2]]
-    assert level_footprints(e, twice, DEV, "j")[1] > DEV.private_levels[1].usable_bytes
+    # the largest chunk that fits (twice as much would not: 32 KiB of B alone), and the largest of half that
+    # (B 128 B a step, A 4 lines per 16 steps, C 4 x 2 lines; 24 KiB of the 32 KiB L1)
+    assert sorted(chunks) == [64, 128]
+    twice = [plan[0], {"i": 256, "j": 32, "k": 256}, plan[2]]
+    assert level_footprints(e, twice, DEV, "j")[1] > panel_capacity(DEV)
 
 
 def test_a_panel_packs_the_input_it_rereads_inside_l1():

@@ -20,7 +20,19 @@ from typing import Mapping, Sequence
 
 from roller.device.spec import Device
 from roller.plan.expr import REDUCE, Expr
-from roller.plan.rtile import LevelRules, axis_step, footprint
+from roller.plan.rtile import LevelRules, axis_step, footprint, streamed_axes
+
+# Share of the first cache level's whole capacity a panel may hold (B's chunk, A's and C's register-tile rows),
+# beyond the usable share grown tiles keep: a panel's streamed input only passes through. On the 48 KiB L1 of
+# the development Xeon a 32 KiB chunk of B (128 deep under a 4 x 64 register tile) ran ~4% faster than a 16 KiB
+# one (docs/design-notes.md#panels-panel_tiles); BLIS sizes its B micro-panels alike.
+PANEL_SHARE = 0.75
+
+
+def panel_capacity(device: Device) -> float:
+    """Bytes a panel may hold at the first cache level: PANEL_SHARE of it, at least its usable share."""
+    level = device.private_levels[1]
+    return max(level.usable_bytes, PANEL_SHARE * level.capacity_bytes)
 
 
 
@@ -51,8 +63,9 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
     L2 tile's extent along the spatial axes the resident input does not index, the register tile's along
     the others, and a reduction chunk that nests and aligns (a multiple of the register tile's and of L1's
     alignment step, dividing the L2 tile's, or the L2 tile's whole):
-    the largest whose panel fits L1 as a panel is held (``rtile.level_footprints``: the resident input's
-    chunk whole, the streamed inputs' and the output's register-tile rows), and the largest of half that. None where the plan has no such level or the expression no resident input; a panel that is the
+    the largest whose panel fits :func:`panel_capacity` as a panel is held (``rtile.level_footprints``: the
+    resident input's chunk whole, the streamed inputs' and the output's register-tile rows), and the largest
+    of half that. None where the plan has no such level or the expression no resident input; a panel that is the
     plan's own L1 tile is left out."""
     if len(tiles) < 3 or len(device.private_levels) < 3:
         return []
@@ -69,6 +82,7 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
             continue
         panel[a.name] = reg[a.name] if a.name in resident.axes else l2[a.name]
     rules = LevelRules.of(device, 1, expr, vector_axis)
+    budget = panel_capacity(device)
     held_tile = {a.name: (reg[a.name] if a.kind != REDUCE else panel[a.name]) for a in expr.axes}  # streamed: rows
     fits = []
     step = math.lcm(reg[k], axis_step(expr, k, rules))  # nested in the register tile, aligned at L1
@@ -76,13 +90,14 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
     for chunk in sizes:
         if l2[k] % chunk == 0:
             held = footprint(expr, {**held_tile, k: chunk}, rules)
-            if held > rules.capacity:
+            if held > budget:
                 break
             fits.append((chunk, held))
-    chosen = {c for c, held in fits[-1:]} | {c for c, held in fits if held <= rules.capacity / 2}
+    chosen = {c for c, held in fits[-1:]} | {c for c, held in fits if held <= budget / 2}
     out = []
     for c in sorted(chosen, reverse=True)[:2]:
         tile = {a.name: (c if a.name == k else panel[a.name]) for a in expr.axes}
-        if tile != dict(l1):
-            out.append([dict(reg), tile] + [dict(t) for t in tiles[2:]])
+        made = [dict(reg), tile] + [dict(t) for t in tiles[2:]]
+        if tile != dict(l1) and streamed_axes(expr, made):  # a panel: it spans the L2 tile beyond the register tile
+            out.append(made)
     return out
