@@ -29,7 +29,7 @@ cases, verified, worst ratio, geomean ratio, share >= 0.9x, median and max build
 and the machine's speed during the run (``benchutil.SpeedProbe``: the calibration's peak kernel timed
 before each case, as a share of the calibrated peak; the model's predictions assume 100%).
 
-    python scripts/bench_suite.py [--cases REGEX] [--quick] [--out DIR] [--no-torch] [--suite CSV]
+    python scripts/bench_suite.py [--cases REGEX] [--quick] [--out DIR] [--no-torch] [--suite CSV] [--device SPEC]
 
 numpy's GEMM: OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (this machine sets CORETYPE=Haswell) pin OpenBLAS to
 a slower kernel and are read when numpy loads, so the script re-executes itself once without them
@@ -440,6 +440,10 @@ def main(argv=None) -> int:
                     help="where suite.md and suite.csv go (default build/bench_suite)")
     ap.add_argument("--no-torch", action="store_true", help="compare with numpy only")
     ap.add_argument("--suite", type=Path, default=SUITE, help=f"the cases (default {SUITE.name} beside this script)")
+    ap.add_argument("--device", default="host",
+                    help="host (default), a shipped CPU spec or a YAML path: on an AVX-512 machine, a copy of x86-avx2 "
+                         "with this machine's core count builds AVX2 code (pair it with ONEDNN_MAX_CPU_ISA=AVX2, "
+                         "ATEN_CPU_CAPABILITY=avx2, OPENBLAS_CORETYPE=Haswell and --keep-openblas-env for the peers)")
     ap.add_argument("--keep-openblas-env", action="store_true",
                     help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (default: re-run without them)")
     args = ap.parse_args(argv)
@@ -460,7 +464,9 @@ def main(argv=None) -> int:
     from roller.device.load import load_device
     from roller.tir.compile import set_threads
 
-    device = load_device()
+    device = load_device(args.device)
+    if device.kind != "cpu":
+        ap.error(f"--device {args.device}: a {device.kind} spec; the suite times CPU kernels")
     set_threads(device.units.count)
     info = [f"device {device.name} ({device.units.count} cores, "
             f"{'calibrated' if device.calibrated else 'datasheet figures: run `roller calibrate`'}), "
@@ -479,6 +485,9 @@ def main(argv=None) -> int:
             torch.set_num_threads(device.units.count)
             info.append(f"torch {torch.__version__}, {torch.get_num_threads()} threads. Note: installed torch makes "
                         f"every `import tvm` ~2.5 s slower: `pip uninstall -y torch` after benchmarking")
+    if device.units.count > (os.cpu_count() or 1):
+        info.append(f"WARNING: the device has {device.units.count} cores and this machine {os.cpu_count()} CPUs: "
+                    f"roller's threads share them; use a spec with count: {os.cpu_count()}")
     load = os.getloadavg()[0]
     if load >= BUSY_LOAD:
         info.append(f"WARNING: load average {load:.1f} on {os.cpu_count()} CPUs before the suite started: other "

@@ -30,7 +30,7 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
                          "--out", "TMP/bq"], r"onnxruntime\s+[\d.]+ ms", True),
     "bench_ops": (["--smoke", "--rounds", "1"], r"add_relu", True),
     "bench_rows": (["--cases", "^softmax", "--rounds", "1"], r"softmax", True),
-    "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs"], CASE, True),
+    "bench_suite": (["--cases", CASE, "--quick", "--no-torch", "--out", "TMP/bs", "--device", "x86-avx2"], CASE, True),
     "bucket_cost": (["--k", "64", "--n", "64", "--max-seq", "16", "--rounds", "1"], r"ratio|median", True),
     "cache_latency": (["--shape", "M=64,N=64,K=64", "--calls", "3"], r"median|us|ms", True),
     "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch", "--constants", "B"], r"\d",
