@@ -43,6 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("after", help="snapshot written after it")
     ap.add_argument("cases", nargs="*", help="suite cases to time (default: every case whose first plan moved)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--device", default="host",
+                    help="the device both snapshots were taken for (cpu_plans_snapshot.py --device): host, a shipped "
+                         "CPU spec or a YAML path")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     from roller.builder import api
     from roller.plan.rprogram import RProgram
     from roller.measure.timing import paired_ratio, time_rounds
+    from roller.tir.compile import set_threads
 
     from benchutil import checked_plan
 
@@ -67,7 +71,8 @@ def main(argv=None) -> int:
     if not names:
         print("no first plan moved")
         return 0
-    device = roller.load_device()
+    device = roller.load_device(args.device)
+    set_threads(device.units.count)
     for name in names:
         case = cases[name]
         try:

@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--constants", default="", help="inputs that are constants (prepacked), e.g. W")
     ap.add_argument("--cold", action="store_true",
                     help="flush the caches (twice the last cache written) before each timed call")
+    ap.add_argument("--device", default="host", help="host (default), a shipped CPU spec or a YAML path (an AVX2 "
+                                                      "spec on an AVX-512 machine builds AVX2 code)")
     args = ap.parse_args()
 
     import numpy as np
@@ -79,12 +81,14 @@ def main() -> None:
     from roller.tir import ops
     from roller.builder.api import analyze
     from roller.plan.cost import estimate
+    from roller.tir.compile import set_threads
     from roller.targets import construct
 
     from bench_suite import parse_pairs
     from benchutil import ColdTimer, checked_plan, peers
 
-    device = roller.load_device()
+    device = roller.load_device(args.device)
+    set_threads(device.units.count)
     spec = ops.OPS[args.op].with_options(**parse_pairs(args.options, "--options", False))
     shape = spec.full_shape(parse_pairs(args.shape, "shape", True))
     expr, func = analyze(spec.make(shape))

@@ -263,3 +263,18 @@ def test_the_avx512_register_budget_admits_six_by_four_vector_gemm_tiles_not_fou
     rules = LevelRules.of(dev, 0, dw, "c")
     assert footprint(dw, dict(h=14, w=1, c=16, r=1, s=1), rules) > rules.capacity
     assert footprint(dw, dict(h=7, w=1, c=16, r=5, s=1), rules) <= rules.capacity  # the window inside fits
+
+
+def test_register_tiles_that_leave_l1_no_room_give_way_to_ones_that_do():
+    """With the x86-avx2 spec's register budget (15 of 16 ymm registers), every register tile the growths of a
+    3x3 convolution on 42x42x84 end at holds three window rows, and beside them no L1 tile can hold the whole
+    84-deep reduction (84 channels are no whole number of cache lines: at epsilon 0 only all of them): those
+    picks give way to the last tiles on their growths that leave L1 room, and the plan keeps epsilon 0 (it
+    grew to 0.1 and ran 0.37x without)."""
+    from roller.device.load import load_device
+
+    dev = load_device("x86-avx2")
+    e = conv2d_nhwc(1, 42, 42, 84, 84, 3, 3)
+    best = construct(e, dev, topk=1).programs[0]
+    assert best.epsilon == 0.0
+    check_invariants(e, best, dev)

@@ -80,7 +80,7 @@ def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, devic
 
 def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[str, int]], eps: float,
              bounds: Mapping[str, int] | None = None, units_floor: int = 1,
-             vector_axis: str | None = None) -> list[dict[str, int]]:
+             vector_axis: str | None = None, rescue: bool = False) -> list[dict[str, int]]:
     """Grows a tile at private level ``index`` from the tile of the level below (``below_tiles[-1]``;
     ``below_tiles`` holds every lower level's tile, nearest compute first, and is empty at level 0).
 
@@ -90,6 +90,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     compute-bound tile on the way, the step before the end; and beyond BRANCH, where they are new, at level
     0 a register tile two vectors wide and at a middle level the tile below grown along the reduction only:
     shapes the growths pass by that the model ranks first where they run fastest.
+    With ``rescue`` (construction asks where the picks ended no plan at all), picks that leave the next level
+    no room for a tile give way to the last tiles on the growths that do.
     ``bounds`` caps spatial axes (shrink); ``units_floor`` forbids steps that would leave fewer spatial
     tiles than that (scale-out needs tiles for every unit). At level 0 a step is refused where the distinct
     values of a window the register tile slides along no longer fit beside its accumulators
@@ -188,11 +190,26 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
             tile = best[1]
             path.append(tile)
 
-    def two_vectors() -> dict[str, int] | None:
+    def starts(t: Mapping[str, int]) -> bool:
+        """Whether the next level can hold a tile nesting ``t`` at all: a tile it cannot ends no plan."""
+        if index >= len(levels) - 1:
+            return True
+        up = LevelRules.of(device, index + 1, expr, vector_axis)
+        ext = dict(extents)
+        if vector_axis in t:
+            ext[vector_axis] = round_up(ext[vector_axis], t[vector_axis])
+        first = _first_tile(expr, up, t, eps, ext)
+        return first is not None and footprint(expr, first, up) <= up.capacity
+
+    def end(path: list[dict[str, int]]) -> dict[str, int] | None:
+        return next((t for t in reversed(path) if starts(t)), None)
+
+    def two_vectors(room: bool = False) -> dict[str, int] | None:
         """A register tile two vectors wide along a spatial vector axis, grown along one other spatial axis
         (and the reduction) to the largest whose accumulators make a stack array; of those, the least
         traffic. The growths above reach one vector or four, and the model ties four with two though two
-        runs faster (docs/design-notes.md#construct-two_vectors)."""
+        runs faster (docs/design-notes.md#construct-two_vectors). With ``room``, only tiles that leave the next
+        level room (``starts``)."""
         if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1:
             return None
         width = 2 * rules.lanes
@@ -204,7 +221,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         others = [a.name for a in expr.spatial_axes if a.name != vector_axis and extents[a.name] > 1]
         ends = []
         for keep in others:
-            stack = [t for t in grow(start, {vector_axis, *others} - {keep})[0] if stack_array(expr, t)]
+            stack = [t for t in grow(start, {vector_axis, *others} - {keep})[0]
+                     if stack_array(expr, t) and (not room or starts(t))]
             if stack and stack[-1] != start:
                 ends.append(stack[-1])
         return min(ends, key=q, default=None)
@@ -219,8 +237,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                            a.name in exact)
         return nxt is not None and not (a.name in bounds and nxt > bounds[a.name])
 
-    variants = [grow(tile, {a.name})[0][-1] if can_step(a) else path[-1] for a in expr.axes if len(expr.axes) > 1]
-    variants.sort(key=lambda t: traffic(expr, t, rules))
+    grown = [grow(tile, {a.name})[0] if can_step(a) else path for a in expr.axes if len(expr.axes) > 1]
+    variants = sorted((g[-1] for g in grown), key=lambda t: traffic(expr, t, rules))
     picks = [path[-1]] + variants + ([first_bound] if first_bound is not None else []) + path[-2:-3:-1]
     if index == 0 and expr.reduce_axes:
         # the largest register tile on the way whose accumulators make a stack array, where they can live
@@ -240,6 +258,16 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     if extra is not None and extra not in picks[:BRANCH]:
         picks.insert(1, extra)
         branch += 1
+    if rescue:
+        # the picks ended no plan: a tile the next level cannot hold (at level 0: window rows in the register
+        # tile beside a whole, unalignable reduction at L1) gives way to the last tiles on the growths that
+        # leave it room, so that the level still ends plans (else epsilon grew, to far worse padded ones:
+        # nas 3x3 conv on 42x42x84 with the x86-avx2 spec, 0.37x)
+        kept = [t for t in picks[:branch] if starts(t)]
+        ends = [end(path)] + [end(g) for g in grown] + ([two_vectors(room=True)] if index == 0 and expr.reduce_axes
+                                                        else [])
+        picks = kept + [t for t in ends if t is not None]
+        branch = len(picks)
     out = []
     for t in picks:
         if t not in out:
@@ -287,9 +315,10 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
     units = device.units.count
     out: list[list[dict[str, int]]] = []
 
-    def walk(index: int, acc: list[dict[str, int]]):
+    def walk(index: int, acc: list[dict[str, int]], rescue: bool = False):
         floor = units if index == n - 1 else 1
-        tiles = scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis)
+        tiles = scale_up(expr, device, index, acc, eps, bounds, units_floor=floor, vector_axis=vector_axis,
+                         rescue=rescue)
         if index == n - 1 and units > 1 and _fits_one_unit(expr, device):
             # the whole operator on one unit, without the thread pool's start and join
             # (model.PARALLEL_LAUNCH_CYCLES): for the smallest operators that is most of their time
@@ -299,9 +328,11 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
             if index == n - 1:
                 out.append(acc + [tile])
             else:
-                walk(index + 1, acc + [tile])
+                walk(index + 1, acc + [tile], rescue)
 
     walk(0, [])
+    if not out:
+        walk(0, [], rescue=True)
     # the first cache level's tile as a panel (roller.plan.panels), once per register and upper tiles
     seen = {_tiles_key(p) for p in out}
     for p in list(out):
