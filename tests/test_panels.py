@@ -83,3 +83,11 @@ def test_a_panel_plan_builds_and_matches_numpy():
                                                       for s in ((256, 384), (384, 512))])
     packed = dataclasses.replace(panel, packed=("B",), storage_pad={"B": 16})  # the copy per top tile too
     check_plan(spec, full, expr, func, packed, device)
+
+
+def test_no_panel_holds_a_constant_input():
+    """A model's weight arrives prepacked in the plan's tiles; panels over it ran slower inside whole models
+    (docs/operator-suite.md), so construction offers none there."""
+    e = matmul(1024, 1024, 1024)
+    plan = [{"i": 4, "j": 32, "k": 1}, {"i": 4, "j": 32, "k": 16}, {"i": 256, "j": 128, "k": 256}]
+    assert panel_tiles(e, DEV, plan, "j") and not panel_tiles(e, DEV, plan, "j", frozenset({"B"}))

@@ -309,7 +309,7 @@ def replanned(expr: Expr, program: RProgram, device: Device, constants: frozense
 
 
 def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
-           vector_axis: str | None) -> list[list[dict[str, int]]]:
+           vector_axis: str | None, constants: frozenset[str] = frozenset()) -> list[list[dict[str, int]]]:
     """Every combination of the per-level tiles scale_up carries on (depth first, bottom level first)."""
     n = len(device.private_levels)
     units = device.units.count
@@ -336,7 +336,7 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
     # the first cache level's tile as a panel (roller.plan.panels), once per register and upper tiles
     seen = {_tiles_key(p) for p in out}
     for p in list(out):
-        for panel in panel_tiles(expr, device, p, vector_axis):
+        for panel in panel_tiles(expr, device, p, vector_axis, constants):
             if _tiles_key(panel) not in seen:
                 seen.add(_tiles_key(panel))
                 out.append(panel)
@@ -375,10 +375,10 @@ def enumerate_programs(expr: Expr, device: Device, epsilon: float, axes: tuple[s
     ests: list[Estimate] = []
     for va in (axes if axes is not None else vector_candidates(expr) or (None,)):
         ex = layout_expr(expr, va)  # inputs packed transposed for this vector axis, as the kernel reads them
-        found = _plans(ex, device, epsilon, {}, va)
+        found = _plans(ex, device, epsilon, {}, va, constants)
         if not found or max(tile_counts(ex, p[-1])[1] for p in found) < device.units.count:  # a unit idle
             for b in _shrink_bounds(ex, device):
-                found += _plans(ex, device, epsilon, b, va)
+                found += _plans(ex, device, epsilon, b, va, constants)
         for tiles in found:  # each way to cover the overhanging axes (and to run padding stages) is a plan
             for padded, _ in tail_options(ex, tiles, va, compute_lanes(ex, device)):
                 for inlined in inline_options(ex, tiles, va, compute_lanes(ex, device), padded):

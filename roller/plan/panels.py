@@ -58,7 +58,7 @@ def resident_input(expr: Expr, vector_axis: str | None) -> str | None:
 
 
 def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
-                vector_axis: str | None) -> list[list[dict[str, int]]]:
+                vector_axis: str | None, constants: frozenset[str] = frozenset()) -> list[list[dict[str, int]]]:
     """The plan ``tiles`` (reg, L1, L2, ...) with its L1 tile replaced by a panel (module docstring): the
     L2 tile's extent along the spatial axes the resident input does not index, the register tile's along
     the others, and a reduction chunk that nests and aligns (a multiple of the register tile's and of L1's
@@ -66,11 +66,13 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
     the largest whose panel fits :func:`panel_capacity` as a panel is held (``rtile.level_footprints``: the
     resident input's chunk whole, the streamed inputs' and the output's register-tile rows), and the largest
     of half that. None where the plan has no such level or the expression no resident input; a panel that is the
-    plan's own L1 tile is left out."""
+    plan's own L1 tile is left out. Nor where the resident input is one of the ``constants`` (a model's weight,
+    prepacked in the plan's tiles): inside whole models such panels ran slower (BERT-base at batch 8, 110
+    against 97 ms), not understood yet (docs/operator-suite.md, "panel tiles for GEMMs")."""
     if len(tiles) < 3 or len(device.private_levels) < 3:
         return []
     name = resident_input(expr, vector_axis)
-    if name is None:
+    if name is None or name in constants:
         return []
     resident = next(t for t in expr.inputs if t.name == name)
     reg, l1, l2 = tiles[0], tiles[1], tiles[2]
