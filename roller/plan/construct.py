@@ -66,6 +66,16 @@ def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: flo
     return tile
 
 
+def _nested_extents(expr: Expr, vector_axis: str | None, lanes: int, seed: Mapping[str, int]) -> dict[str, int]:
+    """The extents a level tiles above the tile ``seed``: along the vector axis, the extent the seed pads it to
+    (a two-vector register tile over an odd count of vectors): that padding is the register tile's, charged by
+    the model, not this level's (the same holds along the other axes; docs/design-notes.md#construct-level_tiles)."""
+    extents = tiling_extents(expr, vector_axis, lanes)
+    if vector_axis in seed:
+        extents[vector_axis] = round_up(extents[vector_axis], seed[vector_axis])
+    return extents
+
+
 def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, device: Device,
                    below_bw_gbps: float, reg: Mapping[str, int]) -> bool:
     """Whether filling this level costs less time than computing on it (the tile is big enough), at the
@@ -103,16 +113,11 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     if vector_axis is None:
         vector_axis = default_vector_axis(expr)
     rules = LevelRules.of(device, index, expr, vector_axis)
-    extents = tiling_extents(expr, vector_axis, rules.lanes)
     levels = device.private_levels
     top = index == len(levels) - 1
     source_gbps = levels[index + 1].bandwidth_gbps if not top else source_bandwidth(expr, device, 1)
     seed = below_tiles[-1] if below_tiles else {}
-    # along the vector axis, this level tiles the extent the register tile pads it to (a two-vector tile
-    # over an odd count of vectors): that padding is the register tile's, charged by the model, not this
-    # level's (the same holds along the other axes; docs/design-notes.md#construct-level_tiles).
-    if vector_axis in seed:
-        extents[vector_axis] = round_up(extents[vector_axis], seed[vector_axis])
+    extents = _nested_extents(expr, vector_axis, rules.lanes, seed)
     tile = _first_tile(expr, rules, seed, eps, extents)
 
     # The growths below (the greedy one and one per held axis) meet the same tiles again and again:
@@ -195,10 +200,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         if index >= len(levels) - 1:
             return True
         up = LevelRules.of(device, index + 1, expr, vector_axis)
-        ext = dict(extents)
-        if vector_axis in t:
-            ext[vector_axis] = round_up(ext[vector_axis], t[vector_axis])
-        first = _first_tile(expr, up, t, eps, ext)
+        first = _first_tile(expr, up, t, eps, _nested_extents(expr, vector_axis, up.lanes, t))
         return first is not None and footprint(expr, first, up) <= up.capacity
 
     def end(path: list[dict[str, int]]) -> dict[str, int] | None:

@@ -35,7 +35,6 @@ def panel_capacity(device: Device) -> float:
     return max(level.usable_bytes, PANEL_SHARE * level.capacity_bytes)
 
 
-
 def resident_input(expr: Expr, vector_axis: str | None) -> str | None:
     """The input a panel keeps in the first cache level: the largest input that the vector axis indexes
     (its register-tile rows are vector loads; the streamed input's are broadcasts) and some spatial axis of
@@ -49,9 +48,7 @@ def resident_input(expr: Expr, vector_axis: str | None) -> str | None:
     for t in expr.inputs:
         if (vector_axis in t.axes and reduce[0].name in t.axes and spatial - t.axes
                 and any(len(d) == 1 for d in t.index)):
-            size = 1
-            for s in t.shape:
-                size *= s
+            size = math.prod(t.shape)
             if best is None or size > best[0]:
                 best = (size, t.name)
     return best[1] if best else None
@@ -65,7 +62,7 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
     alignment step, dividing the L2 tile's, or the L2 tile's whole):
     the largest whose panel fits :func:`panel_capacity` as a panel is held (``rtile.level_footprints``: the
     resident input's chunk whole, the streamed inputs' and the output's register-tile rows), and the largest
-    of half that. None where the plan has no such level or the expression no resident input; a panel that is the
+    of half that; none where the plan has no such level or the expression no resident input; a panel that is the
     plan's own L1 tile is left out. Nor where the resident input is one of the ``constants`` (a model's weight,
     prepacked in the plan's tiles): inside whole models such panels ran slower (BERT-base at batch 8, 110
     against 97 ms), not understood yet (docs/operator-suite.md, "panel tiles for GEMMs")."""
@@ -85,13 +82,12 @@ def panel_tiles(expr: Expr, device: Device, tiles: Sequence[Mapping[str, int]],
         panel[a.name] = reg[a.name] if a.name in resident.axes else l2[a.name]
     rules = LevelRules.of(device, 1, expr, vector_axis)
     budget = panel_capacity(device)
-    held_tile = {a.name: (reg[a.name] if a.kind != REDUCE else panel[a.name]) for a in expr.axes}  # streamed: rows
     fits = []
     step = math.lcm(reg[k], axis_step(expr, k, rules))  # nested in the register tile, aligned at L1
     sizes = list(range(step, l2[k], step)) + [l2[k]]
     for chunk in sizes:
         if l2[k] % chunk == 0:
-            held = footprint(expr, {**held_tile, k: chunk}, rules)
+            held = footprint(expr, {**reg, k: chunk}, rules)  # held: the register tile's rows over the chunk
             if held > budget:
                 break
             fits.append((chunk, held))
