@@ -218,6 +218,7 @@ def _print_compile(r: dict) -> None:
 def cmd_devices(args) -> int:
     from roller.device.load import load_device
     from roller.device.spec import shipped_specs
+    from roller.device.calibration import MEASURED_SOURCE
 
     names = ["host"] + list(shipped_specs())
     rows = []
@@ -255,7 +256,9 @@ def cmd_devices(args) -> int:
                   f"{lv['bandwidth_gbps']:.0f} GB/s per unit, {lv['total_bandwidth_gbps']:.0f} GB/s all units")
         model = d.get("model") or {}
         if model:
-            print("  model: " + ", ".join(f"{k} {e['value']:g}" for k, e in model.items())
+            # terms a calibration probe measured are marked; the spec's value is in the calibration's datasheet
+            print("  model: " + ", ".join(f"{k} {e['value']:g}" + (" [measured]" if e["source"].startswith(
+                MEASURED_SOURCE) else "") for k, e in model.items())
                   + " (sources: roller devices --json)")
         print(f"  source: {d['source']}")
     return 0
@@ -403,8 +406,9 @@ def _print_table(device, cal: dict, path) -> None:
           f"{cal['threads']} threads, {cal['seconds']:.1f} s")
     print(f"  {'field':<28} {'datasheet':>10} {'measured':>10}")
     for field, ds, got in calibration_summary(device.with_calibration(cal)):
-        shown = f"{got:10.1f}" if got is not None else f"{'-':>10}"
-        print(f"  {field:<28} {ds:10.1f} {shown}")
+        fmt = "10.4g" if field.startswith("model.") else "10.1f"  # a term may be 7.5e-08 seconds
+        shown = f"{got:{fmt}}" if got is not None else f"{'-':>10}"
+        print(f"  {field:<28} {ds:{fmt}} {shown}")
     for dt, v in cal["peak_gflops_one"].items():
         print(f"  {'peak_gflops_one_alone.' + dt:<28} {'':>10} {v:10.1f}")
     for dt, v in cal["peak_gflops_all"].items():
@@ -438,7 +442,8 @@ def cmd_calibrate(args) -> int:
                "peak_gflops_all": cal["peak_gflops_all"],
                "bandwidth_gbps": {lv: m["unit"] for lv, m in cal["bandwidth_gbps"].items()},
                "bandwidth_total_gbps": {lv: m["total"] for lv, m in cal["bandwidth_gbps"].items()},
-               "small_transfer": cal["small_transfer"], "skipped": cal["skipped"], "warnings": cal["warnings"]}
+               "small_transfer": cal["small_transfer"], "skipped": cal["skipped"], "warnings": cal["warnings"],
+               "model": {name: e["value"] for name, e in (cal.get("model") or {}).items()}}
         print(json.dumps(out))
     else:
         _print_table(device, cal, path)

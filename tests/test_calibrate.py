@@ -188,6 +188,7 @@ def test_quick_calibration_json(tmp_path, capsys):
     assert set(res["bandwidth_gbps"]) == {"L1", "L2", "L3", "DRAM"}
     assert all(v > 0 for v in res["bandwidth_gbps"].values())
     assert "bfloat16" in res["skipped"]
+    assert res["model"] == {} and any(w.startswith("quick: the cost model's terms") for w in res["warnings"])
     saved = json.loads(out.read_text())
     host = load_device("host", calibrated=False)
     assert store.validate_calibration(saved, host) is None
@@ -201,3 +202,30 @@ def test_quick_calibration_json(tmp_path, capsys):
 def test_per_unit_is_the_all_units_share():
     assert C.per_unit(total=216.0, units=2) == 108.0
     assert C.per_unit(total=10.0, units=1) == 10.0
+
+
+def test_probed_model_terms_replace_the_specs_and_are_checked(spec):
+    probes = {"launch": {"value": 1.0e-6, "rounds": [], "work": 1},
+              "false_sharing": {"value": -2e-9, "rounds": [], "work": 1},  # noise around a free term: 0
+              "accumulator": {"value": 0.2e-9, "rounds": [], "work": 1,
+                              "tile": {"mr": 14, "nv": 2, "chunks": 8, "chunk": 4}}}
+    terms = C.model_terms(spec, probes, "2026-11-28")
+    hz = spec.units.clock_ghz * 1e9
+    assert terms["parallel_launch_cycles"]["value"] == round(1e-6 * hz)
+    assert terms["false_sharing_seconds"]["value"] == 0.0
+    assert terms["accumulator_cycles"]["value"] == pytest.approx(0.2e-9 * hz)
+    assert all(e["source"].startswith(store.MEASURED_SOURCE) for e in terms.values())
+    cal = dict(fake_calibration(spec), model=terms)
+    cal["datasheet"] = dict(cal["datasheet"], model={n: getattr(spec.model, n) for n in terms})
+    assert store.validate_calibration(cal, spec) is None
+    dev = spec.with_calibration(cal)
+    assert dev.model.parallel_launch_cycles == round(1e-6 * hz) != spec.model.parallel_launch_cycles
+    assert dev.model.accumulator_cycles == pytest.approx(0.2e-9 * hz)
+    assert dev.model.sources["accumulator_cycles"].startswith(store.MEASURED_SOURCE)
+    assert dev.model.fold_cycles == spec.model.fold_cycles  # not probed: the spec's
+    rows = {f: (ds, got) for f, ds, got in store.calibration_summary(dev)}
+    assert rows["model.accumulator_cycles"] == (spec.model.accumulator_cycles, pytest.approx(0.2e-9 * hz))
+    bad = dict(cal, model={"no_such_term": {"value": 1, "source": "x"}})
+    assert "no such term" in store.validate_calibration(bad, spec)
+    bad = dict(cal, model={"accumulator_cycles": {"value": -1.0, "source": "x"}})
+    assert ">= 0" in store.validate_calibration(bad, spec)

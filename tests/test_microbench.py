@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from roller.targets.cpu.microbench import kernels as K
-from roller.targets.cpu.microbench.plan import level_working_sets, make_plan, peak_tile, sweep_sizes
+from roller.targets.cpu.microbench import probes as P
+from roller.targets.cpu.microbench.plan import level_working_sets, make_plan, peak_tile, probe_plan, sweep_sizes
 from roller.targets.cpu.microbench.runner import device_from_json, rate_stats
 from roller.device.load import load_device
 from roller.errors import CalibrationError
@@ -145,3 +146,43 @@ def test_int8_vnni_peak_kernel_matches_numpy(tvm_env, parallel):
     unpacked = b.transpose(0, 1, 3, 2).reshape(units, k, nv * 16).astype("int64")  # B[u, kk, j]
     np.testing.assert_array_equal(C, reps * np.einsum("uik,ukj->uij", a.astype("int64"), unpacked))
     assert K.int8_peak_ops(units, mr, nv, k, reps) == 2 * units * mr * nv * 16 * k * reps
+
+
+@pytest.mark.build
+def test_launch_probe_kernels_add_one_per_call(tvm_env):
+    for parallel in (False, True):
+        (O,) = _run(tvm_env, P.launch_kernel(parallel), np.arange(32, dtype="float32").reshape(2, 16))
+        np.testing.assert_array_equal(O, np.arange(32, dtype="float32").reshape(2, 16) + 1)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("shared", [False, True])
+def test_false_sharing_probe_writes_each_units_slice(tvm_env, shared):
+    units, line, lines = 2, 16, 5
+    o = np.random.default_rng(6).integers(0, 9, ((lines, line) if shared else (units, lines, line))).astype("float32")
+    O, _ = _run(tvm_env, P.share_kernel(units, line, shared), o.copy(), 3)
+    np.testing.assert_array_equal(O, P.share_reference(o, units, 3, shared))
+    if shared:  # every unit's slice of every line, nothing else
+        np.testing.assert_array_equal(O - o, np.full_like(o, 3))
+    else:  # each unit the first half of its own lines
+        assert (O - o)[:, :, :line // units].min() == 3 and (O - o)[:, :, line // units:].max() == 0
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("moved", [False, True])
+def test_accumulator_probe_kernels_match_numpy(tvm_env, moved):
+    lanes, mr, nv, tiles, chunks, chunk, reps = 16, 3, 2, 2, 3, 4, 2
+    a, b = P.accumulator_inputs(tiles * mr, chunks * chunk, nv * lanes, np.random.default_rng(7))
+    _, _, C = _run(tvm_env, P.accumulator_kernel(lanes, mr, nv, tiles, chunks, chunk, reps, moved), a, b,
+                   np.zeros((tiles * mr, nv * lanes), "float32"))
+    np.testing.assert_array_equal(C, P.accumulator_reference(a, b, reps))
+
+
+def test_probe_plan_keeps_the_accumulator_probe_in_half_of_l1(spec):
+    p = probe_plan(spec)["accumulator"]
+    tile = peak_tile(spec, "float32")
+    assert (p["mr"], p["nv"], p["lanes"]) == (tile["mr"], tile["nv"], tile["lanes"])
+    k = p["chunks"] * p["chunk"]
+    floats = p["tiles"] * p["mr"] * k + k * p["nv"] * p["lanes"] + p["tiles"] * p["mr"] * p["nv"] * p["lanes"]
+    assert 4 * floats <= spec.level("L1").capacity_bytes // 2 and p["chunks"] > 1
+    assert probe_plan(spec)["line_elems"] * 4 == spec.level("L1").transaction_bytes

@@ -5,7 +5,8 @@ File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, ``bandwidth
 {"unit": GB/s, "total": GB/s, ...}} (what ``Device.with_calibration`` consumes), plus ``schema``,
 ``device``, ``fingerprint``, ``created``, ``seconds``, ``tvm_version``, ``threads``, ``peak_gflops_one``
 (one unit alone), ``peak_gflops_all`` (all units together),
-``small_transfer``, ``sweep``, ``skipped``, ``datasheet`` and ``warnings``.
+``small_transfer``, ``sweep``, ``skipped``, ``datasheet`` and ``warnings``; ``model`` (name -> {"value",
+"source", "probe"}: the cost model's terms the probes measured; ``Device.with_calibration`` applies them).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from roller.device.model_constants import ModelConstants
 from roller.device.spec import Device
 from roller.errors import CalibrationError
 from roller.output import atomic_write_bytes
@@ -24,6 +26,8 @@ from roller.userdirs import CACHE_ENV, cache_dir
 
 
 SCHEMA = 1
+# how the source of a cost-model term a calibration probe measured begins (``roller devices`` marks those terms)
+MEASURED_SOURCE = "measured by roller calibrate"
 
 
 class CalibrationWarning(UserWarning):
@@ -65,6 +69,17 @@ def validate_calibration(data: Any, device: Device | None = None) -> str | None:
             return f"bandwidth_gbps.{lv} needs positive 'unit' and 'total' GB/s, got {m!r}"
         if device is not None and lv not in {x.name for x in device.levels}:
             return f"bandwidth_gbps.{lv}: the device has no level {lv!r}"
+    terms = data.get("model", {})
+    if not isinstance(terms, Mapping):
+        return "model is not a mapping of the cost model's terms"
+    known = set(ModelConstants.names())
+    for name, e in terms.items():
+        if name not in known:
+            return f"model.{name}: the cost model has no such term (a newer roller wrote it?)"
+        if not isinstance(e, Mapping) or not isinstance(e.get("source"), str) or not (
+                isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool)
+                and math.isfinite(e["value"]) and e["value"] >= 0):
+            return f"model.{name} needs a finite 'value' >= 0 and a 'source', got {e!r}"
     return None
 
 
@@ -156,4 +171,7 @@ def calibration_summary(device: Device) -> list[tuple[str, float, float | None]]
         got = bws.get(lv.name) or {}
         rows.append((f"bandwidth_gbps.{lv.name}.unit", float(m["unit"]), got.get("unit")))
         rows.append((f"bandwidth_gbps.{lv.name}.total", float(m["total"]), got.get("total")))
+    spec = ds.get("model") or {}
+    for name, e in ((cal or {}).get("model") or {}).items():  # the cost model's terms the probes measured
+        rows.append((f"model.{name}", float(spec.get(name, math.nan)), float(e["value"])))
     return rows

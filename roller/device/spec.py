@@ -231,7 +231,8 @@ class Device:
         ``calibration`` has ``peak_gflops`` (dtype → per-unit GFLOP/s) and ``bandwidth_gbps``
         (level → {"unit": GB/s, "total": GB/s}); levels or dtypes it lacks keep datasheet values. Its
         ``clock_ghz`` (the clock when it was measured; older files have none) replaces the spec's, so
-        that machines sharing one calibration file share every figure of the model.
+        that machines sharing one calibration file share every figure of the model. Its ``model`` (name ->
+        {"value", "source", ...}: the cost model's terms the probes measured) replaces those of the spec.
         """
         peaks = dict(self.units.peak_gflops)
         for dt, v in (calibration.get("peak_gflops") or {}).items():
@@ -245,8 +246,14 @@ class Device:
                                          total_bandwidth_gbps=float(m.get("total", lv.total_bandwidth_gbps)))
             levels.append(lv)
         clock = calibration.get("clock_ghz") or self.units.clock_ghz
+        model = self.model
+        terms = calibration.get("model") or {}
+        if terms:  # the cost model's terms the calibration's probes measured replace the spec's, value and source
+            model = dataclasses.replace(
+                model, **{name: e["value"] for name, e in terms.items()},
+                sources={**model.sources, **{name: e["source"] for name, e in terms.items()}})
         return dataclasses.replace(self, units=dataclasses.replace(self.units, peak_gflops=peaks, clock_ghz=clock),
-                                   levels=tuple(levels), calibration=dict(calibration))
+                                   levels=tuple(levels), calibration=dict(calibration), model=model)
 
     def to_dict(self) -> dict:
         d = {

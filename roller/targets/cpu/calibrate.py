@@ -23,7 +23,8 @@ import tempfile
 import time
 
 from roller.device.spec import Device
-from roller.device.calibration import SCHEMA, figures
+from roller.device.calibration import MEASURED_SOURCE, SCHEMA, figures
+from roller.plan.overheads import DEFAULT_CLOCK_GHZ
 from roller.errors import CalibrationError
 
 
@@ -117,6 +118,35 @@ def per_unit(total: float, units: int) -> float:
     return total / units
 
 
+def model_terms(device: Device, probes: dict, day: str) -> dict:
+    """The cost model's terms the probes measured, in a spec's ``model:`` shape (name -> value, source, probe):
+    pool launch and join in cycles of the model's clock, a line two units write in seconds, an accumulator
+    vector moved through L1 in cycles. A difference that came out below zero (noise around a free term) is 0."""
+    hz = (device.units.clock_ghz or DEFAULT_CLOCK_GHZ) * 1e9
+    out = {}
+    if "launch" in probes:
+        p = probes["launch"]
+        out["parallel_launch_cycles"] = {
+            "value": int(round(max(0.0, p["value"]) * hz)), "probe": p,
+            "source": f"{MEASURED_SOURCE} {day}: a parallel loop of one tiny write a unit against the "
+                      f"same loop serial, {p['value'] * 1e6:.2f} us a call"}
+    if "false_sharing" in probes:
+        p = probes["false_sharing"]
+        out["false_sharing_seconds"] = {
+            "value": max(0.0, p["value"]), "probe": p,
+            "source": f"{MEASURED_SOURCE} {day}: every unit writing its slice of 256 lines against "
+                      f"lines of its own, {p['value'] * 1e9:.1f} ns a line"}
+    if "accumulator" in probes:
+        p = probes["accumulator"]
+        t = p["tile"]
+        out["accumulator_cycles"] = {
+            "value": max(0.0, p["value"]) * hz, "probe": p,
+            "source": f"{MEASURED_SOURCE} {day}: a {t['mr']} x {t['nv']}-vector register tile's "
+                      f"accumulators loaded and stored at each of {t['chunks']} chunks of {t['chunk']} steps against "
+                      f"held in registers, {p['value'] * hz:.2f} cycles a vector moved"}
+    return out
+
+
 def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
     """The calibration dict (see the module docstring) from a worker's raw measurements."""
     n = plan["threads"]
@@ -140,14 +170,22 @@ def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
     sweep = {mode: [{"bytes": p["bytes"], **{k: p[k]["value"] for k in ("read", "write", "rw")}}
                     for p in pts] for mode, pts in raw["bandwidth"].items()}
     warns = list(plan["warnings"]) + _sanity(device, raw, names, plan["threads"])
+    if plan["quick"]:
+        warns.append("quick: the cost model's terms were not probed; the spec's values stand (roller calibrate "
+                     "without --quick measures them)")
+    elif plan["threads"] > 1 and "launch" not in (raw.get("probes") or {}):
+        warns.append("other processes held cores: the pool launch and false-sharing probes were skipped and the "
+                     "spec's values stand; rerun when the machine is idle")
     if raw["tvm_num_threads"] != plan["threads"]:
         warns.append(f"TVM ran {raw['tvm_num_threads']} threads, the plan asked {plan['threads']}")
     if plan["threads"] != device.units.count:
         warns.append(f"device has {device.units.count} units but this machine runs {plan['threads']}: "
                      f"all-units figures are for {plan['threads']}")
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    terms = model_terms(device, raw.get("probes") or {}, created[:10])
     return {
         "schema": SCHEMA, "device": device.name, "fingerprint": device.fingerprint,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": created,
         "seconds": round(seconds, 2), "quick": plan["quick"], "tvm_version": raw["tvm_version"],
         "target": raw["target"], "threads": plan["threads"],
         "clock_ghz": device.units.clock_ghz,  # the model's clock from now on: a fleet sharing this file shares it
@@ -156,7 +194,8 @@ def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
         "peak_gflops_all": {dt: p["all"]["value"] for dt, p in measured.items()},
         "skipped": {dt: p["skipped"] for dt, p in raw["peak"].items() if "skipped" in p},
         "bandwidth_gbps": bws, "small_transfer": small, "sweep": sweep,
-        "datasheet": figures(device), "warnings": warns,
+        "model": terms,
+        "datasheet": dict(figures(device), model={n: getattr(device.model, n) for n in terms}), "warnings": warns,
     }
 
 

@@ -109,6 +109,25 @@ def peak_tile(device: Device, dtype: str) -> dict:
     return {"dtype": dtype, "lanes": lanes, "mr": mr, "nv": nv, "k": k}
 
 
+def probe_plan(device: Device) -> dict:
+    """Sizes of the cost model's probes (``roller.targets.cpu.microbench.probes``): the false-sharing probe's
+    lines (a cache line of float32s, each unit a slice of it) and the accumulator probe's tile (the float32
+    peak tile's rows and vectors, 4 tiles, 8 chunks of a reduction short enough that A, B and C stay in half of
+    L1)."""
+    line_bytes = next((lv.transaction_bytes for lv in device.levels if lv.storage_scope != "local"), 64)
+    tile = peak_tile(device, "float32")
+    lanes, mr, nv = tile["lanes"], tile["mr"], tile["nv"]
+    l1 = next((lv for lv in device.levels if lv.storage_scope != "local"), None)
+    l1_bytes = l1.capacity_bytes if l1 is not None and not l1.shared else 32 << 10
+    tiles, chunks, chunk = 4, 8, 8
+    while chunk > 1 and 4 * (tiles * mr * chunks * chunk + chunks * chunk * nv * lanes + tiles * mr * nv * lanes) \
+            > l1_bytes // 2:
+        chunk //= 2
+    return {"line_elems": max(1, line_bytes // 4), "share_lines": 256, "share_reps": 200,
+            "accumulator": {"lanes": lanes, "mr": mr, "nv": nv, "tiles": tiles, "chunks": chunks, "chunk": chunk,
+                            "reps": 40}}
+
+
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:
     """The full measurement plan for ``device`` with ``threads`` units active in the all-units runs."""
     if device.kind != "cpu":
@@ -140,6 +159,8 @@ def make_plan(device: Device, threads: int, quick: bool = False) -> dict:
         "rounds": 2 if quick else 4,
         "extra_rounds": 1 if quick else 3,  # all-units re-measurements when other processes held cores
         "deadline_seconds": 11 if quick else 48,  # no extra round starts that would end after this
+        "probes": probe_plan(device),
+        "probe_rounds": 3 if quick else 5,
         "warnings": sorted(set(w1 + wn)),
     }
     return plan

@@ -20,6 +20,7 @@ from roller.device.spec import ComputeUnits, Device, MemoryLevel, family_model, 
 from roller.errors import CalibrationError
 
 from roller.targets.cpu.microbench import kernels as K
+from roller.targets.cpu.microbench import probes as P
 
 SKIP_BF16 = ("x86 has no bfloat16 FMA (only vdpbf16ps dot products into float32, and AMX tiles); "
              "TVM computes bfloat16 arithmetic through float32")
@@ -108,14 +109,25 @@ class Runner:
     def steps(self) -> int:
         """Progress steps the whole plan takes (for the caller's progress bar)."""
         rounds = int(self.plan["rounds"])
-        sizes = sum(len(self.sizes(mode, True)) + (rounds - 1) * len(self.sizes(mode, False))
+        sizes = sum(len(self.sizes(mode, True)) + (rounds - 1) * len(self.sizes(mode, False, self.repeat_memory))
                     for mode in ("one", "all"))
-        return 1 + rounds * (2 * len(self.plan["peak"]) + len(self.plan["small"]["rows"])) + sizes
+        line = self.plan["probes"]["line_elems"]
+        probes = 0 if self.plan["quick"] else 1 + (self.threads > 1) + (1 < self.threads <= line)  # at most
+        return 1 + rounds * (2 * len(self.plan["peak"]) + len(self.plan["small"]["rows"])) + sizes + probes
 
-    def sizes(self, mode: str, sweep: bool) -> list[int]:
-        """Working sets measured in ``mode``: the levels' points, plus the sweep when ``sweep``."""
+    def sizes(self, mode: str, sweep: bool, memory: bool = True) -> list[int]:
+        """Working sets measured in ``mode``: the levels' points (without main memory's, the largest, unless
+        ``memory``), plus the sweep when ``sweep``."""
         pts = {lv[mode] for lv in self.plan["levels"].values()}
+        if not memory:
+            pts.discard(max(pts))
         return sorted(pts | set(self.plan["sweep"][mode]) if sweep else pts)
+
+    @property
+    def repeat_memory(self) -> bool:
+        """Whether rounds after the first measure main memory again: not with ``quick``, where its passes over
+        a working set of hundreds of MiB take most of the time (its figure moves least between rounds)."""
+        return not self.plan["quick"]
 
     # -- peak compute ---------------------------------------------------------------------------
     def peak_support(self, dtype: str) -> str | None:
@@ -200,7 +212,7 @@ class Runner:
                 mods[kind, mode] = mod
         return mods
 
-    def bandwidth(self, mods: dict, sweep: bool, modes=("one", "all")) -> None:
+    def bandwidth(self, mods: dict, sweep: bool, modes=("one", "all"), memory: bool = True) -> None:
         """GB/s of read, write and read+write at every level's point (and the sweep's sizes)."""
         if self.flat is None:
             largest = max(max(self.sizes("one", True)), max(self.sizes("all", True)))
@@ -208,7 +220,7 @@ class Runner:
         for mode in modes:
             units = 1 if mode == "one" else self.threads
             O = self.tvm.runtime.empty((units, K.CHUNK), "float32", self.dev)
-            for size in self.sizes(mode, sweep):
+            for size in self.sizes(mode, sweep, memory):
                 rows = size // (units * K.ROW * 4)
                 A = self.flat._create_view((units, rows, K.ROW))
                 nbytes = units * rows * K.ROW * 4
@@ -244,6 +256,69 @@ class Runner:
             self.progress(f"small transfer {row * 4} B rows: {st['value']:.1f} GB/s")
         return {"stride_bytes": stride, "rows_read": n, "buffer_bytes": n * stride, "rows": rows}
 
+    # -- the cost model's terms ----------------------------------------------------------------
+    def paired(self, slow, fast, work: float, number: int) -> dict:
+        """Seconds ``slow`` takes beyond ``fast`` per unit of ``work`` (calls of ``(mod, args)``): the two
+        timed in turn ``probe_rounds`` times, each a median of repeats of ``number`` calls; the median of
+        the rounds' differences (alternating rounds put drift on both alike). Keeps each round's figures."""
+        diffs, rounds = [], []
+        for _ in range(int(self.plan["probe_rounds"])):
+            t = [float(np.median(mod.time_evaluator("main", self.dev, number=number, repeat=7)(*args).results))
+                 for mod, args in (slow, fast)]
+            diffs.append((t[0] - t[1]) / work)
+            rounds.append(t)
+        return {"value": float(np.median(diffs)), "rounds": rounds, "work": work}
+
+    def probes(self) -> dict:
+        """The cost model's terms measured by ``roller.targets.cpu.microbench.probes``, each checked against
+        numpy first: pool launch and join (seconds a call), a line two units write (seconds a line), an
+        accumulator vector moved through L1 (seconds a move, one unit, the float32 peak tile)."""
+        spec = self.plan["probes"]
+        out = {}
+        tvm = self.tvm
+        busy = self.busy()  # other processes held cores: units did not run at once, the probes of several would lie
+        if self.threads > 1 and not busy:  # a pool to launch
+            par, ser = self.compile(P.launch_kernel(True)), self.compile(P.launch_kernel(False))
+            o = tvm.runtime.tensor(np.zeros((self.threads, 16), "float32"), self.dev)
+            par(o)
+            ser(o)
+            if not np.array_equal(o.numpy(), np.full((self.threads, 16), 2, "float32")):
+                raise CalibrationError("the launch probe computed a wrong result")
+            out["launch"] = self.paired((par, [o]), (ser, [o]), 1, number=200)
+            self.progress(f"probe: pool launch {out['launch']['value'] * 1e6:.2f} us")
+        line, lines, reps = spec["line_elems"], spec["share_lines"], spec["share_reps"]
+        if 1 < self.threads <= line and not busy:  # each unit a slice of the line
+            shared = self.compile(P.share_kernel(self.threads, line, True))
+            private = self.compile(P.share_kernel(self.threads, line, False))
+            a = np.zeros((lines, line), "float32")
+            b = np.zeros((self.threads, lines, line), "float32")
+            A, B = tvm.runtime.tensor(a, self.dev), tvm.runtime.tensor(b, self.dev)
+            shared(A, 3)
+            private(B, 3)
+            if not (np.array_equal(A.numpy(), P.share_reference(a, self.threads, 3, True))
+                    and np.array_equal(B.numpy(), P.share_reference(b, self.threads, 3, False))):
+                raise CalibrationError("the false-sharing probe computed a wrong result")
+            out["false_sharing"] = self.paired((shared, [A, reps]), (private, [B, reps]), lines * reps,
+                                               number=1)
+            self.progress(f"probe: shared line {out['false_sharing']['value'] * 1e9:.1f} ns")
+        acc = spec["accumulator"]
+        lanes, mr, nv = acc["lanes"], acc["mr"], acc["nv"]
+        tiles, chunks, chunk, reps = acc["tiles"], acc["chunks"], acc["chunk"], acc["reps"]
+        moved = self.compile(P.accumulator_kernel(lanes, mr, nv, tiles, chunks, chunk, reps, True))
+        held = self.compile(P.accumulator_kernel(lanes, mr, nv, tiles, chunks, chunk, reps, False))
+        a, b = P.accumulator_inputs(tiles * mr, chunks * chunk, nv * lanes, np.random.default_rng(2))
+        A, B = tvm.runtime.tensor(a, self.dev), tvm.runtime.tensor(b, self.dev)
+        for mod in (moved, held):
+            C = tvm.runtime.tensor(np.zeros((tiles * mr, nv * lanes), "float32"), self.dev)
+            mod(A, B, C)
+            if not np.array_equal(C.numpy(), P.accumulator_reference(a, b, reps)):
+                raise CalibrationError("the accumulator probe computed a wrong result")
+        moves = reps * tiles * mr * nv * 2 * (chunks - 1)  # beyond the held tiles' one load and store a pass
+        out["accumulator"] = dict(self.paired((moved, [A, B, C]), (held, [A, B, C]), moves,
+                                              number=10), tile=acc)
+        self.progress(f"probe: accumulator move {out['accumulator']['value'] * 1e9:.3f} ns")
+        return out
+
     def busy(self) -> bool:
         """True when some all-units peak fell under SCALING_OK × units × one unit (cores were taken)."""
         return self.threads > 1 and any(
@@ -260,7 +335,7 @@ class Runner:
         for rnd in range(int(self.plan["rounds"])):  # each figure keeps its best round
             t_round = time.perf_counter()
             peaks = {tile["dtype"]: self.peak(tile) for tile in self.plan["peak"]}
-            self.bandwidth(mods, sweep=rnd == 0)
+            self.bandwidth(mods, sweep=rnd == 0, memory=rnd == 0 or self.repeat_memory)
             small = self.small_transfer()
             t_round = time.perf_counter() - t_round
         # Other processes held cores during every all-units run: spend what is left of the time budget
@@ -269,17 +344,18 @@ class Runner:
         while (extra < int(self.plan["extra_rounds"]) and self.busy()
                and time.perf_counter() - t0 + t_round < float(self.plan["deadline_seconds"])):
             extra += 1
-            self.more_steps(1 + len(self.plan["peak"]) + len(self.sizes("all", False)))
+            self.more_steps(1 + len(self.plan["peak"]) + len(self.sizes("all", False, self.repeat_memory)))
             self.progress(f"all units slowed by other processes: extra round {extra}")
             peaks = {tile["dtype"]: self.peak(tile, modes=("all",)) for tile in self.plan["peak"]}
-            self.bandwidth(mods, sweep=False, modes=("all",))
+            self.bandwidth(mods, sweep=False, modes=("all",), memory=self.repeat_memory)
+        probes = {} if self.plan["quick"] else self.probes()
         bw = self.points
         return {
             "peak": peaks, "bandwidth": {m: [v[k] for k in sorted(v)] for m, v in bw.items()},
             "levels": {name: {mode: bw[mode][pt[mode]] for mode in ("one", "all")}
                        for name, pt in self.plan["levels"].items()},
             "rounds": int(self.plan["rounds"]), "extra_rounds": extra,
-            "small_transfer": small, "threads": self.threads,
+            "small_transfer": small, "probes": probes, "threads": self.threads,
             "tvm_num_threads": int(tvm_ffi.get_global_func("runtime.NumThreads")()),
             "target": str(self.target), "tvm_version": self.tvm.__version__,
             "seconds": time.perf_counter() - t0,
