@@ -1,5 +1,5 @@
 """The ``roller`` command: ``roller build``, ``roller compile``, ``roller devices``, ``roller calibrate``,
-``roller cache``.
+``roller fidelity``, ``roller cache``.
 
 Errors exit non-zero with one line on stderr (``--debug`` shows the traceback).
 """
@@ -432,9 +432,23 @@ def cmd_calibrate(args) -> int:
     from roller.targets import target_of
 
     device = load_device(args.device, calibrated=False)
+    if args.check and target_of(device).offline:  # before calibrating, not after
+        raise RollerError(f"--check times kernels on this machine's CPU; {device.name!r} is a {device.kind} device: "
+                          f"leave --check out")
     with measuring_alone():  # the device's own microbenchmarks (a GPU spec: on that GPU; one-line error without it)
         cal = target_of(device).calibrate(device, quick=args.quick, progress=not args.json and sys.stderr.isatty())
         path = save_calibration(device, cal, args.out)
+    check = None
+    if args.check:  # the quick fidelity on the figures just measured (also where --out put them elsewhere)
+        from roller.builder import fidelity
+
+        shapes, selection = fidelity.select_shapes(quick=True)
+        if not args.json:
+            _print_table(device, cal, path)
+            print("checking the model on the new figures: roller fidelity --quick", flush=True)
+        check = _run_fidelity(device.with_calibration(cal), shapes, selection, quick=True,
+                              samples=fidelity.QUICK_SAMPLES, topk=fidelity.TOPK, rounds=fidelity.ROUNDS,
+                              text=not args.json)
     if args.json:
         out = {"device": cal["device"], "fingerprint": cal["fingerprint"], "path": str(path),
                "seconds": cal["seconds"], "threads": cal["threads"], "quick": cal["quick"],
@@ -444,10 +458,109 @@ def cmd_calibrate(args) -> int:
                "bandwidth_total_gbps": {lv: m["total"] for lv, m in cal["bandwidth_gbps"].items()},
                "small_transfer": cal["small_transfer"], "skipped": cal["skipped"], "warnings": cal["warnings"],
                "model": {name: e["value"] for name, e in (cal.get("model") or {}).items()}}
+        if check is not None:
+            out["fidelity"] = check
         print(json.dumps(out))
-    else:
+    elif check is None:
         _print_table(device, cal, path)
     return 0
+
+
+def _run_fidelity(device, shapes, selection: str, *, quick: bool, samples: int, topk: int, rounds: int,
+                  text: bool, verbose: bool = False, dump: str | None = None) -> dict:
+    """Runs the fidelity study with the machine to itself, saves its record; prints each shape and the
+    summary when ``text`` (progress bars on stderr when it is a terminal). Returns the record with its path."""
+    from roller.builder import fidelity
+    from roller.device.fidelity_record import save_fidelity
+    from roller.measure.alone import measuring_alone
+
+    fidelity.check_request(device, shapes, samples, topk, rounds)  # one error line before anything is printed
+    if text:
+        cal = (f"calibrated {device.calibration.get('created', '')}".rstrip() if device.calibrated
+               else "DATASHEET figures (run `roller calibrate`)")
+        print(f"roller fidelity on {device.name} (fingerprint {device.fingerprint}; model: {cal}; "
+              f"{device.units.count} threads): {len(shapes)} shapes, top-{topk} + {samples} random plans each, "
+              f"every plan timed in {rounds} round{'s' if rounds > 1 else ''} (each a median of repeats)", flush=True)
+
+    def on_shape(s) -> None:
+        if text:
+            print(fidelity.shape_line(s), flush=True)
+            if verbose:
+                print("\n".join(fidelity.verbose_lines(s)), flush=True)
+
+    with measuring_alone():
+        record, studies = fidelity.run(device, shapes, samples=samples, topk=topk, rounds=rounds, quick=quick,
+                                       selection=selection, progress=text and sys.stderr.isatty(), on_shape=on_shape)
+    path = save_fidelity(device, record)
+    if text:  # before the dump: a dump that cannot be written loses no figure
+        print("\n".join(fidelity.summary_lines(record)))
+        print(f"wrote {path} ({record['seconds']:.0f} s)", flush=True)
+    if dump:
+        fidelity.write_dump(studies, dump)
+        if text:
+            print(f"wrote {dump}")
+    return {**record, "path": str(path)}
+
+
+def cmd_fidelity(args) -> int:
+    """``roller fidelity``: how well the cost model ranks plans on this device (roller.builder.fidelity)."""
+    from roller.builder import fidelity
+    from roller.device import load_device
+
+    shapes, selection = fidelity.select_shapes(args.quick, args.shapes, args.shape)
+    if args.list:
+        for op, s in shapes:
+            print(fidelity.label(op, s))
+        return 0
+    if not shapes:
+        raise RollerError(f"no shape matches {' '.join(args.shapes)}; `roller fidelity --list` shows the labels")
+    samples = args.samples if args.samples is not None else (fidelity.QUICK_SAMPLES if args.quick else fidelity.SAMPLES)
+    if args.dump:
+        fidelity.check_dump(args.dump)  # fail now, not after minutes of measuring
+    device = load_device(args.device)
+    record = _run_fidelity(device, shapes, selection, quick=args.quick, samples=samples, topk=args.topk,
+                           rounds=args.rounds, text=not args.json, verbose=args.verbose, dump=args.dump)
+    if args.json:
+        print(json.dumps(record))
+    return 0
+
+
+def _add_fidelity(subparsers) -> argparse.ArgumentParser:
+    """Adds ``fidelity`` to the ``roller`` command's subparsers (handler in ``func``)."""
+    from roller.builder import fidelity
+
+    p = subparsers.add_parser(
+        "fidelity", help="how well the cost model ranks plans on this device (predicted against measured)",
+        description="Per shape, builds the model's top-K plans and random valid ones, checks each against numpy "
+                    "and times it; prints Spearman's correlation of predicted and measured time, the model's "
+                    "first plan against the measured best, and the model's relative error, against issue 33's "
+                    f"targets (first plan within {fidelity.FIRST_WITHIN - 1:.0%} of the best on "
+                    f"{fidelity.FIRST_SHARE:.0%} of shapes, mean Spearman >= {fidelity.MEAN_SPEARMAN}); saves the "
+                    "summary beside the device's calibration.")
+    p.add_argument("--device", default=None, metavar="NAME|PATH",
+                   help="'host' (default), a shipped spec name or a YAML spec (a CPU: kernels run here)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"{len(fidelity.QUICK)} shapes (two compute-bound, two memory-bound), "
+                        f"{fidelity.QUICK_SAMPLES} random plans each")
+    p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
+                   help="only the shapes whose label contains one of these (see --list)")
+    p.add_argument("--shape", action="append", metavar="OP:K=V,...",
+                   help="study this shape instead of the built-in list (repeat for more), any operator of "
+                        "`roller build`, e.g. matmul:M=64,N=64,K=64")
+    p.add_argument("--list", action="store_true", help="print the shapes' labels and exit")
+    p.add_argument("--samples", type=int, default=None,
+                   help=f"random plans per shape on top of the top-K (default {fidelity.SAMPLES}; "
+                        f"{fidelity.QUICK_SAMPLES} with --quick)")
+    p.add_argument("--topk", type=int, default=fidelity.TOPK,
+                   help=f"the constructor's plans per shape (default {fidelity.TOPK})")
+    p.add_argument("--rounds", type=int, default=fidelity.ROUNDS,
+                   help=f"timing rounds over all candidates, their median (default {fidelity.ROUNDS})")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the saved record and its path)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the model's first plan, the measured best and every candidate's times")
+    p.add_argument("--dump", metavar="FILE", help="write every candidate (plan, predicted, measured) as JSON")
+    p.set_defaults(func=cmd_fidelity)
+    return p
 
 
 def _add_calibrate(subparsers) -> argparse.ArgumentParser:
@@ -462,6 +575,8 @@ def _add_calibrate(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="PATH", help="write the calibration here instead of the cache")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about 10 s instead of 25 s)")
+    p.add_argument("--check", action="store_true",
+                   help="then run `roller fidelity --quick` on the new figures and print its summary (minutes)")
     p.set_defaults(func=cmd_calibrate)
     return p
 
@@ -527,6 +642,7 @@ def make_parser() -> argparse.ArgumentParser:
     cw.set_defaults(func=cmd_cache_warm)
 
     _add_calibrate(sub)
+    _add_fidelity(sub)
     # --debug is accepted after the subcommand too; SUPPRESS keeps a --debug given before it
     for parser in [*sub.choices.values(), *csub.choices.values()]:
         parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")

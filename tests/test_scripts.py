@@ -41,8 +41,6 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "gpu_matmul_vs_dlight": (["--shape", "256,256,256", "--topk", "1"], r"dlight", True),
     "gpu_suite": (["--cases", CASE, "--topk", "1"], CASE, False),
     "model_breakdown": (["--model", "cnn", "--rounds", "1", "--ort-runs", "1"], r"conv", True),
-    "model_fidelity": (["--quick", "--shapes", "add_relu", "--samples", "2", "--topk", "2", "--rounds", "1"],
-                       r"mean Spearman", True),
     "prepack_ab": (["--model", "cnn", "--rounds", "1"], r"\d", True),
     "residency": (["--n", "256", "--rows", "8,16", "--rounds", "1"], r"\d", True),
     "serve_sim": (["--procs", "1", "--seconds", "1", "--max-seq", "16", "--k", "32", "--n", "32", "--topk", "1"],
@@ -99,7 +97,7 @@ def test_no_private_or_mutual_imports():
             assert a not in imports.get(b, ()), f"{a} and {b} import each other"
 
 
-@pytest.mark.parametrize("name", ["bench_suite", "bench_models", "model_fidelity", "compare_plans"])
+@pytest.mark.parametrize("name", ["bench_suite", "bench_models", "compare_plans"])
 def test_user_scripts_help(name, tmp_path):
     r = run(name, ["--help"], tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
