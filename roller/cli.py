@@ -392,7 +392,10 @@ def _add_kernel_args(b: argparse.ArgumentParser) -> None:
                        help=f"{', '.join(owners)} only: {' or '.join(allowed)} (default {allowed[0]})")
     b.add_argument("--dtype", default="float32", help="element type (default float32)")
     b.add_argument("--device", default=None, help="'host' (default), a shipped spec name, or a YAML spec path")
-    b.add_argument("--topk", type=int, default=10, help="candidates to build and time (default 10)")
+    b.add_argument("--topk", type=int, default=None,
+                   help="candidates to build and time (default: those of the top 10 the model predicts within its "
+                        "profiling margin of the first, as `roller fidelity` last measured it on this device; all 10 "
+                        "where it has not)")
     b.add_argument("--no-profile", action="store_true", help="build only the model's first plan (still verified)")
     b.add_argument("--build-budget", type=float, default=BUILD_BUDGET_SECONDS, metavar="SECONDS",
                    help="seconds of compiling after which candidates not yet started are skipped "

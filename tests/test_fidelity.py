@@ -240,3 +240,66 @@ def test_calibrate_check_runs_the_quick_fidelity(capsys, cache, monkeypatch):
     assert rec["quick"] is True and rec["selection"] == "quick"
     _check_record(dict(rec, selection="custom"), candidates=5)
     assert R.load_fidelity(load_device()) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# profiling that trusts the model (issue 33 item 4)
+
+
+def test_top_margin_is_how_much_slower_the_model_predicted_top_plans_that_ran_faster():
+    progs = [SimpleNamespace(predicted_seconds=s) for s in (1.0, 1.2, 1.5, 2.0)]
+
+    def study(measured, top=3, first=0):
+        return F.ShapeStudy(op="matmul", shape={"M": 1}, candidates=progs, timed=[0, 1, 2, 3], measured=measured,
+                            errors={}, first=first, best=0, first_over_best=1.0, first_over_best_retimed=1.0,
+                            best_gflops=1.0, top=top)
+
+    # plan 1 (predicted 20% slower) ran 10% faster; plan 3 ran faster still but is a random plan, not a top one
+    assert study([1.0, 0.9, 1.1, 0.5]).top_margin == pytest.approx(0.2)
+    assert study([1.0, 0.9, 0.8, 0.5]).top_margin == pytest.approx(0.5)
+    assert study([1.0, 0.99, 1.1, 0.5]).top_margin == 0.0  # 1% faster: within the profiler's win margin
+    assert study([1.0, 1.1, 1.2, 0.5], top=4).top_margin == pytest.approx(1.0)
+    assert math.isnan(F.ShapeStudy(op="matmul", shape={}, candidates=progs, timed=[1, 2], measured=[1.0, 1.0],
+                                   errors={0: "boom"}, first=0, best=1, first_over_best=math.inf,
+                                   first_over_best_retimed=math.inf, best_gflops=1.0, top=3).top_margin)
+    dev = load_device("x86-avx512", calibrated=False)
+    rec = F.summarize(dev, [study([1.0, 0.9, 1.1, 0.5])] * 9 + [study([1.0, 0.9, 0.8, 0.5])], quick=False,
+                      selection="full", samples=1, topk=3, rounds=1, seconds=1.0)
+    assert rec["shapes"][0]["top_margin"] == pytest.approx(0.2)
+    assert rec["profile_margin"] == pytest.approx(np.percentile([0.2] * 9 + [0.5], 90))
+
+
+def test_profiled_plans_follow_the_devices_fidelity_record(cache):
+    from roller.builder.api import AUTO_TOPK, profiled_plans, within_margin
+
+    dev = load_device("x86-avx512", calibrated=False)
+    assert profiled_plans(None, dev) == (AUTO_TOPK, None)  # no record: all of the top AUTO_TOPK
+    rec = F.summarize(dev, [_study(1.0)], quick=True, selection="quick", samples=1, topk=2, rounds=1, seconds=1.0)
+    R.save_fidelity(dev, dict(rec, profile_margin=0.05))
+    assert profiled_plans(None, dev) == (AUTO_TOPK, 0.05)
+    assert profiled_plans(3, dev) == (3, None)  # --topk forces a number
+    R.save_fidelity(dev, dict(rec, profile_margin=0.05, selection="custom"))
+    assert profiled_plans(None, dev) == (AUTO_TOPK, None)  # shapes picked by hand speak for nothing
+    R.save_fidelity(dev, dict(rec, profile_margin=0.05, calibrated=True, calibration_created="2026-01-01"))
+    assert profiled_plans(None, dev) == (AUTO_TOPK, None)  # measured on other figures than the model's now
+    progs = [SimpleNamespace(predicted_seconds=s) for s in (1.0, 1.04, 1.05, 1.2)]
+    assert within_margin(progs, 0.05) == progs[:3] and within_margin(progs, 0.0) == progs[:1]
+    assert within_margin(progs, None) == progs
+
+
+@pytest.mark.build
+def test_a_sure_model_profiles_one_plan(cache):
+    from roller.builder.api import build_op
+
+    dev = load_device("host")
+    rec = F.summarize(dev, [_study(1.0)], quick=True, selection="quick", samples=1, topk=2, rounds=1, seconds=1.0)
+    R.save_fidelity(dev, dict(rec, profile_margin=0.0))
+    res = build_op("matmul", {"M": 64, "N": 64, "K": 64})
+    cands = res.report["candidates"]
+    # only the plans the model predicts as fast as the first (ties), of the top 10 it would otherwise profile
+    assert res.report["profile_margin"] == 0.0 and 1 <= len(cands) < 10
+    assert all(c["predicted_seconds"] == cands[0]["predicted_seconds"] for c in cands)
+    assert res.report["cache_options"]["margin"] == 0.0 and res.report["verified"]
+    forced = build_op("matmul", {"M": 64, "N": 64, "K": 64}, topk=10)  # another key: not the entry above
+    assert forced.report["cache"] == "miss" and len(forced.report["candidates"]) == 10
+    assert forced.report["profile_margin"] is None

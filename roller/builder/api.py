@@ -78,7 +78,7 @@ class BuildResult:
         return self
 
 
-def build(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
+def build(func, device: Device | str | None = None, topk: int | None = None, profile: bool = True,
           inputs: Sequence[np.ndarray] | None = None, reference: np.ndarray | None = None,
           progress: bool = False, name: str | None = None, shape: Mapping[str, int] | None = None,
           build_budget: float | None = BUILD_BUDGET_SECONDS, cache: bool = True,
@@ -88,6 +88,7 @@ def build(func, device: Device | str | None = None, topk: int = 10, profile: boo
     With ``profile`` the top-``topk`` plans are built in worker processes, checked and timed, and the
     fastest verified one wins where it beat the model's first plan by ``profile.WIN_MARGIN`` in the same
     timing rounds (else the first plan stays); without it only the model's first plan is built (still verified).
+    ``topk`` None: as many as the model's measured error asks (:func:`profiled_plans`).
     ``inputs`` / ``reference`` are numpy arrays for the check (random inputs and TVM's unscheduled build
     of ``func`` are used when absent). Candidates whose build has not started after ``build_budget``
     seconds of compiling are skipped (None: build all).
@@ -126,11 +127,39 @@ def _prepare(func, device, name, shape, options, dtype) -> tuple[Device, Expr, A
     return dev, expr, norm, labels
 
 
-def cache_options(profile: bool, topk: int, build_budget: float | None) -> dict:
+def cache_options(profile: bool, topk: int, build_budget: float | None, margin: float | None = None) -> dict:
     """The build options that enter the kernel cache's key: the tier (profiled or the model's top-1),
-    and for the profiled tier how many plans and how many seconds of building."""
-    return {"profile": bool(profile), "topk": topk if profile else 1,
+    and for the profiled tier how many plans, the margin that cut them (where one did) and how many seconds
+    of building."""
+    opts = {"profile": bool(profile), "topk": topk if profile else 1,
             "build_budget": build_budget if profile else None}
+    if profile and margin is not None:
+        opts["margin"] = round(margin, 3)
+    return opts
+
+
+AUTO_TOPK = 10  # the most plans a profiled build takes when no --topk forces a number
+
+
+def profiled_plans(topk: int | None, device: Device) -> tuple[int, float | None]:
+    """How many of the constructor's plans a profiled build takes, and the margin that cuts them (issue 33:
+    profiling that trusts the model): ``topk`` where given (a forced number, no margin); else up to
+    AUTO_TOPK, of which :func:`within_margin` keeps those predicted within the device's profiling margin of
+    the first (``roller.device.fidelity_record.profile_margin``, from its last ``roller fidelity``: a sure
+    model builds one plan, an unsure one more); all AUTO_TOPK where no fidelity record applies."""
+    if topk is not None:
+        return topk, None
+    from roller.device.fidelity_record import profile_margin
+
+    return AUTO_TOPK, profile_margin(device)
+
+
+def within_margin(programs: Sequence[RProgram], margin: float | None) -> list[RProgram]:
+    """The ranked ``programs`` predicted within ``margin`` of the first (all of them where None)."""
+    if margin is None or not programs:
+        return list(programs)
+    limit = programs[0].predicted_seconds * (1 + margin)
+    return [programs[0]] + [p for p in programs[1:] if p.predicted_seconds <= limit]
 
 
 def _loader(dev: Device, expr: Expr, labels: Mapping, t0: float) -> Callable:
@@ -152,7 +181,7 @@ def _loader(dev: Device, expr: Expr, labels: Mapping, t0: float) -> Callable:
     return load
 
 
-def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bool = True,
+def lookup(func, device: Device | str | None = None, topk: int | None = None, profile: bool = True,
            build_budget: float | None = BUILD_BUDGET_SECONDS, name: str | None = None,
            key: str | None = None) -> BuildResult | None:
     """The kernel :func:`build` with these arguments would return from the kernel cache, or None when the
@@ -163,7 +192,8 @@ def lookup(func, device: Device | str | None = None, topk: int = 10, profile: bo
 
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, None, None, None)
-    options = cache_options(profile, topk, build_budget)
+    count, margin = profiled_plans(topk, dev)
+    options = cache_options(profile, count, build_budget, margin)
     store = kcache.open_store()
     if key is None:
         key, _ = kcache.kernel_key(norm, dev, options)
@@ -194,13 +224,14 @@ def _log_build(report: Mapping, key: str | None) -> None:
         os.close(fd)
 
 
-def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
+def _build(func, device, topk: int | None, profile: bool, check: Callable[[], tuple], progress: bool, name, shape,
            build_budget: float | None, cache: bool, options, dtype: str | None = None,
            in_process: bool | None = None) -> BuildResult:
     """build(), with the check's (inputs, reference) made by ``check()`` only when something is compiled:
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
+    topk, margin = profiled_plans(topk, dev)
     target = target_of(dev)
     if target.offline:  # the family's own build path (a GPU's: compiled offline, checked against its limits)
         return target.build_offline(func, expr, dev, topk, labels, check, profile)
@@ -209,7 +240,7 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
     def compile_() -> BuildResult:
         inputs, reference = check()
         result = _build_uncached(norm, expr, dev, topk, profile, inputs, reference, progress, build_budget, labels, t0,
-                                 in_process=not profile if in_process is None else in_process)
+                                 in_process=not profile if in_process is None else in_process, margin=margin)
         _log_build(result.report, key)
         return result
 
@@ -220,7 +251,7 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
 
     from roller import cache as kcache
 
-    opts = cache_options(profile, topk, build_budget)
+    opts = cache_options(profile, topk, build_budget, margin)
     store = kcache.open_store()
     key, parts = kcache.kernel_key(norm, dev, opts)
 
@@ -236,15 +267,17 @@ def _build(func, device, topk: int, profile: bool, check: Callable[[], tuple], p
 
 
 def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inputs, reference, progress: bool,
-                    build_budget: float | None, labels: Mapping, t0: float, in_process: bool = False) -> BuildResult:
+                    build_budget: float | None, labels: Mapping, t0: float, in_process: bool = False,
+                    margin: float | None = None) -> BuildResult:
     """Constructs the plans of an analysed function, builds, checks and times them (see build), in
-    worker processes or (``in_process``) in this thread."""
+    worker processes or (``in_process``) in this thread; a profiled build takes the top-``topk`` plans
+    predicted within ``margin`` of the first (:func:`within_margin`)."""
     from roller.builder.farm import profile as _profile, warm_up
 
     if not in_process:
         warm_up()
     cons = target_of(dev).construct(expr, dev, topk if profile else 1)
-    programs = list(cons.programs if profile else cons.programs[:1])
+    programs = within_margin(cons.programs, margin) if profile else list(cons.programs[:1])
     if inputs is None:
         inputs = random_inputs(norm)
     prof = _profile(norm, expr, programs, dev, list(inputs), reference, progress=progress, time_kernels=profile,
@@ -269,6 +302,7 @@ def _build_uncached(norm, expr: Expr, dev: Device, topk: int, profile: bool, inp
         "chosen": best,
         "epsilon": cons.epsilon,
         "build_budget": build_budget,
+        "profile_margin": margin if profile else None,
         "threads": dev.units.count,
         "candidates": [_candidate_report(p, c) for p, c in zip(programs, prof.candidates)],
     }
@@ -308,7 +342,7 @@ def random_inputs(func, seed: int = 0) -> list[np.ndarray]:
 
 
 def build_op(op: str, shape: Mapping[str, int], dtype: str = "float32", device: Device | str | None = None,
-             topk: int = 10, profile: bool = True, progress: bool = False,
+             topk: int | None = None, profile: bool = True, progress: bool = False,
              build_budget: float | None = BUILD_BUDGET_SECONDS, cache: bool = True, **options: str) -> BuildResult:
     """Builds one of roller's named operators (see roller.tir.ops.OPS), verified against its numpy reference.
 

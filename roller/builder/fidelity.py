@@ -179,6 +179,7 @@ class ShapeStudy:
     best_gflops: float
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    top: int = 0  # candidates[:top] are the constructor's top-k, the plans profiling chooses among
 
     @property
     def label(self) -> str:
@@ -196,6 +197,22 @@ class ShapeStudy:
     def relative_error(self) -> float:
         return relative_error([(self.predicted, self.measured)])
 
+    @property
+    def top_margin(self) -> float:
+        """How much slower than the first plan the model predicted the constructor's plans that ran faster
+        than it (by ``WIN_MARGIN``, the margin by which profiling replaces the first plan): the largest
+        predicted_j / predicted_first - 1 among them, 0 where none did; NaN where the first plan was not timed.
+        Profiling that builds the plans predicted within this margin of the first would have found them."""
+        from roller.measure.finalists import WIN_MARGIN
+
+        meas = dict(zip(self.timed, self.measured))
+        if self.first not in meas:
+            return math.nan
+        pf = self.candidates[self.first].predicted_seconds
+        beat = [self.candidates[i].predicted_seconds / pf - 1 for i in self.timed
+                if i < self.top and meas[i] <= meas[self.first] * (1 - WIN_MARGIN)]
+        return max([0.0] + beat)
+
     def to_dict(self) -> dict:
         """The shape's figures (JSON-safe: a NaN or infinite figure is null)."""
         return {"label": self.label, "op": self.op, "shape": dict(self.shape), "candidates": len(self.candidates),
@@ -206,7 +223,7 @@ class ShapeStudy:
                 "first_within": bool(self.first_over_best_retimed <= FIRST_WITHIN),
                 "model_first": self.first, "measured_best": self.best,
                 "model_first_error": self.errors.get(self.first),
-                "relative_error": _finite(self.relative_error),
+                "relative_error": _finite(self.relative_error), "top_margin": _finite(self.top_margin),
                 "best_gflops": _finite(self.best_gflops), "seconds": round(self.seconds, 3),
                 "errors": {str(i): e.strip().splitlines()[-1][:300] if e.strip() else "?"
                            for i, e in sorted(self.errors.items())}}
@@ -236,9 +253,10 @@ def time_all(mods: dict, args, rounds: int) -> dict[int, float]:
     return {i: float(np.median(t)) for i, t in times.items()}
 
 
-def candidates_for(expr, device: Device, samples: int, topk: int) -> tuple[list[RProgram], int]:
-    """The constructor's top-``topk`` plus up to ``samples`` random valid plans not among them, and the index
-    of the model's first choice among them all (its own order: prediction, then its tie-breaks)."""
+def candidates_for(expr, device: Device, samples: int, topk: int) -> tuple[list[RProgram], int, int]:
+    """The constructor's top-``topk`` plus up to ``samples`` random valid plans not among them, the index
+    of the model's first choice among them all (its own order: prediction, then its tie-breaks), and how many
+    of them (the first ones) are the constructor's."""
     from roller.plan.construct import sample_programs
     from roller.plan.ranking import rank
     from roller.plan.rtile import tile_counts
@@ -253,7 +271,7 @@ def candidates_for(expr, device: Device, samples: int, topk: int) -> tuple[list[
             cands.append(p)
     first = rank(list(range(len(cands))), lambda i: cands[i].predicted_seconds, lambda i: cands[i].memory_seconds,
                  lambda i: tile_counts(expr, cands[i].tiles[0])[0])[0]
-    return cands, first
+    return cands, first, len(cons.programs)
 
 
 def study(op: str, shape: dict, device: Device, samples: int = SAMPLES, topk: int = TOPK, rounds: int = ROUNDS,
@@ -272,7 +290,7 @@ def study(op: str, shape: dict, device: Device, samples: int = SAMPLES, topk: in
     full = ops.validate_shape(spec, shape, "float32")
     func = spec.make(full, "float32")
     expr, norm = analyze(func)
-    cands, first = candidates_for(expr, device, samples, topk)
+    cands, first, top = candidates_for(expr, device, samples, topk)
     inputs = spec.inputs(full, "float32", np.random.default_rng(0))
     ref = spec.reference(inputs, full)
     # build and verify every candidate in worker processes (a TVM crash fails one candidate only); no build
@@ -315,7 +333,7 @@ def study(op: str, shape: dict, device: Device, samples: int = SAMPLES, topk: in
         retimed = pair[0] / pair[1]
     return ShapeStudy(op=op, shape=dict(shape), candidates=cands, timed=timed, measured=[meas[i] for i in timed],
                       errors=errors, first=first, best=best, first_over_best=top1, first_over_best_retimed=retimed,
-                      best_gflops=spec.flops(full) / best_seconds / 1e9, seconds=time.perf_counter() - t0)
+                      best_gflops=spec.flops(full) / best_seconds / 1e9, seconds=time.perf_counter() - t0, top=top)
 
 
 def summarize(device: Device, studies: Sequence[ShapeStudy], *, quick: bool, selection: str, samples: int,
@@ -328,6 +346,7 @@ def summarize(device: Device, studies: Sequence[ShapeStudy], *, quick: bool, sel
     within = sum(s.first_over_best_retimed <= FIRST_WITHIN for s in studies)
     within_pass = sum(s.first_over_best <= FIRST_WITHIN for s in studies)
     err = relative_error([(s.predicted, s.measured) for s in studies])
+    margins = [s.top_margin for s in studies if not math.isnan(s.top_margin)]
     n = len(studies)
     cal = device.calibration or {}
     return {
@@ -343,6 +362,8 @@ def summarize(device: Device, studies: Sequence[ShapeStudy], *, quick: bool, sel
         "first_within": within, "first_within_timing_pass": within_pass,
         "first_share": within / n if n else None,
         "relative_error": _finite(err), "candidates_timed": sum(len(s.timed) for s in studies),
+        # profiling builds the plans predicted within this of the first (roller.builder.api.trusted_programs)
+        "profile_margin": _finite(float(np.percentile(margins, ERROR_PERCENTILE))) if margins else None,
         "meets": {"mean_spearman": bool(rhos) and mean_rho >= MEAN_SPEARMAN - 1e-9,
                   "first_within": n > 0 and within >= FIRST_SHARE * n},
         "seconds": round(seconds, 1),
@@ -445,6 +466,7 @@ def summary_lines(record: dict) -> list[str]:
     n = record["shape_count"]
     rho = record["mean_spearman"]
     err = record["relative_error"]
+    margin = record.get("profile_margin")
     yes = {True: "met", False: "NOT met"}
     return [
         f"mean Spearman {'-' if rho is None else f'{rho:.2f}'} over {record['spearman_shapes']} shapes "
@@ -455,4 +477,7 @@ def summary_lines(record: dict) -> list[str]:
         f"{yes[record['meets']['first_within']]})",
         f"model's relative error {'-' if err is None else f'{err:.0%}'}: exp(p{ERROR_PERCENTILE} of "
         f"|log(measured/predicted)| less each shape's median) - 1, over {record['candidates_timed']} plans",
+        f"profiling margin {'-' if margin is None else f'{margin:.0%}'}: top-{record['topk']} plans that ran faster "
+        f"than the first were predicted up to this much slower (p{ERROR_PERCENTILE} over shapes); a build without "
+        f"--topk profiles the plans predicted within it of the first",
     ]

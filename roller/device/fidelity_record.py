@@ -9,7 +9,7 @@ File: ``<cache>/fidelity/<name>-<fingerprint>.json``, named as the calibration f
 (``"quick"``, ``"full"`` or ``"custom"``: the shapes picked by hand), ``samples``, ``topk``, ``rounds``,
 ``targets``, ``shapes`` (one object per shape: ``label``, ``spearman``, ``first_over_best``, ...),
 ``mean_spearman``, ``first_within``, ``first_within_timing_pass``, ``shape_count``, ``relative_error``,
-``seconds``. A bad file is ignored with one warning naming it, never fatal.
+``profile_margin`` (see :func:`profile_margin`), ``seconds``. A bad file is ignored with one warning naming it, never fatal.
 """
 from __future__ import annotations
 
@@ -103,3 +103,18 @@ def save_fidelity(device: Device, data: Mapping) -> Path:
         raise CalibrationError(f"{target}: cannot write the fidelity record ({e.strerror or e}); "
                                f"set {CACHE_ENV} to a writable folder") from None
     return target
+
+
+def profile_margin(device: Device) -> float | None:
+    """The profiling margin (``profile_margin``: how much slower than the first plan the model predicted
+    top-k plans that ran faster) of ``device``'s last fidelity record, where that record speaks for the model
+    as it now runs: measured on the whole shape list or the quick one (not shapes picked by hand), on the same
+    figures (datasheet, or the same calibration: a new calibration makes the record stale). None otherwise."""
+    rec = load_fidelity(device)
+    if rec is None or rec.get("selection") == "custom" or bool(rec.get("calibrated")) != device.calibrated:
+        return None
+    if device.calibrated and rec.get("calibration_created") != (device.calibration or {}).get("created"):
+        return None
+    m = rec.get("profile_margin")
+    return float(m) if _number_or_none(m) and m is not None and m >= 0 else None
+
