@@ -52,7 +52,11 @@ def _print_build(report: dict, saved: dict | None) -> None:
           + f", verified against numpy: {'yes' if report['verified'] else 'NO'}")
     n_ok = sum(1 for c in report["candidates"] if c["verified"])
     skipped = sum(1 for c in report["candidates"] if c["error"] == SKIPPED)
-    print(f"{len(report['candidates'])} candidates ({n_ok} verified"
+    margin = report.get("profile_margin")
+    print(f"{len(report['candidates'])} candidates"
+          + (f" (the top-10 predicted within {margin:.1%} of the first: the profiling margin `roller fidelity` "
+             f"measured)" if margin is not None else "")
+          + f" ({n_ok} verified"
           + (f", {skipped} not built: the build budget of {report['build_budget']:g} s was spent" if skipped else "")
           + f"), chose #{report['chosen']}; "
           + (f"from the kernel cache in {_fmt_seconds(report['build_seconds'])} (built in "
@@ -228,7 +232,12 @@ def cmd_devices(args) -> int:
         except RollerError as e:
             rows.append({"name": name, "error": str(e)})
             continue
-        rows.append(dev.to_dict())
+        row = dev.to_dict()
+        spec_model = ((dev.calibration or {}).get("datasheet") or {}).get("model") or {}
+        for name, value in spec_model.items():  # the spec's value of each term a calibration probe measured
+            if name in row["model"]:
+                row["model"][name]["spec_value"] = value
+        rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -257,8 +266,9 @@ def cmd_devices(args) -> int:
         model = d.get("model") or {}
         if model:
             # terms a calibration probe measured are marked; the spec's value is in the calibration's datasheet
-            print("  model: " + ", ".join(f"{k} {e['value']:g}" + (" [measured]" if e["source"].startswith(
-                MEASURED_SOURCE) else "") for k, e in model.items())
+            print("  model: " + ", ".join(f"{k} {e['value']:g}" + (
+                f" [measured; spec {e['spec_value']:g}]" if "spec_value" in e else " [measured]"
+                if e["source"].startswith(MEASURED_SOURCE) else "") for k, e in model.items())
                   + " (sources: roller devices --json)")
         print(f"  source: {d['source']}")
     return 0

@@ -229,3 +229,20 @@ def test_probed_model_terms_replace_the_specs_and_are_checked(spec):
     assert "no such term" in store.validate_calibration(bad, spec)
     bad = dict(cal, model={"accumulator_cycles": {"value": -1.0, "source": "x"}})
     assert ">= 0" in store.validate_calibration(bad, spec)
+
+
+def test_devices_marks_measured_terms_beside_the_specs_value(spec, capsys):
+    probes = {"accumulator": {"value": 0.2e-9, "rounds": [], "work": 1,
+                              "tile": {"mr": 14, "nv": 2, "chunks": 8, "chunk": 4}}}
+    terms = C.model_terms(spec, probes, "2026-11-28")
+    cal = dict(fake_calibration(spec), model=terms)
+    cal["datasheet"] = dict(cal["datasheet"], model={n: getattr(spec.model, n) for n in terms})
+    store.save_calibration(spec, cal)
+    assert cli.main(["devices"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines()[1:] if "accumulator_cycles" in ln
+                and "[measured" in ln)
+    assert f"[measured; spec {spec.model.accumulator_cycles:g}]" in line and "fold_cycles 2," in line
+    assert cli.main(["devices", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["x86-avx512"]["model"]["accumulator_cycles"]["spec_value"] == spec.model.accumulator_cycles
+    assert "spec_value" not in rows["x86-avx512"]["model"]["fold_cycles"]

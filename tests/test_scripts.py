@@ -42,6 +42,8 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "gpu_suite": (["--cases", CASE, "--topk", "1"], CASE, False),
     "model_breakdown": (["--model", "cnn", "--rounds", "1", "--ort-runs", "1"], r"conv", True),
     "prepack_ab": (["--model", "cnn", "--rounds", "1"], r"\d", True),
+    "profile_margin_ab": (["--cases", CASE, "--rounds", "1", "--margin", "0.05"], r"1 cases: plans profiled median",
+                          True),
     "residency": (["--n", "256", "--rows", "8,16", "--rounds", "1"], r"\d", True),
     "serve_sim": (["--procs", "1", "--seconds", "1", "--max-seq", "16", "--k", "32", "--n", "32", "--topk", "1"],
                   r"requests: \d+", True),
