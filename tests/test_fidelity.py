@@ -104,6 +104,9 @@ def test_summary_counts_against_issue_33s_targets():
 def test_shape_selection():
     shapes, how = F.select_shapes(quick=True)
     assert how == "quick" and shapes == F.QUICK and len(shapes) == 4
+    assert [F.label(*s) for s in shapes] == ["matmul:M=512,N=512,K=512", "conv2d:N=1,H=71,W=71,C=36,K=36,R=1,S=1",
+                                             "add_relu:M=100,N=3001", "reduce_sum:M=4096,N=7"]
+    assert {op for op, _ in F.SHAPES} >= {"matmul", "conv2d", "depthwise_conv2d", "batch_matmul", "add_relu"}
     shapes, how = F.select_shapes(substrings=["add_relu"])
     assert how == "custom" and [F.label(*s) for s in shapes] == ["add_relu:M=100,N=3001"]
     shapes, how = F.select_shapes(given=["matmul:m=64,n=32,k=16", "reduce_sum:M=8,N=3"])

@@ -46,13 +46,16 @@ SHAPES: list[tuple[str, dict[str, int]]] = [
     # irregular and memory-bound
     ("conv2d", {"N": 1, "H": 71, "W": 71, "C": 36, "K": 36, "R": 1, "S": 1}),
     ("conv2d", {"N": 1, "H": 57, "W": 57, "C": 64, "K": 64, "R": 3, "S": 3, "stride": 2}),
+    ("depthwise_conv2d", {"N": 1, "H": 28, "W": 28, "C": 256, "R": 3, "S": 3, "pad": 2, "dilation": 2}),
+    ("depthwise_conv2d", {"N": 1, "H": 83, "W": 83, "C": 42, "R": 5, "S": 5, "pad": 2}),
     ("batch_matmul", {"B": 8, "M": 256, "N": 64, "K": 256}),
     ("add_relu", {"M": 100, "N": 3001}),
     ("matmul", {"M": 1, "N": 1000, "K": 1280}),
     ("reduce_sum", {"M": 4096, "N": 7}),
     ("reduce_sum", {"M": 4096, "N": 4096}),
 ]
-QUICK = [SHAPES[1], SHAPES[8], SHAPES[11], SHAPES[13]]  # two compute-bound, two memory-bound / irregular
+# two compute-bound, two memory-bound / irregular: matmul 512^3, the 1x1 conv at 71x71, add_relu, reduce_sum 4096x7
+QUICK = [SHAPES[1], SHAPES[8], SHAPES[13], SHAPES[15]]
 SAMPLES = 30  # random plans per shape on top of the top-K
 QUICK_SAMPLES = 10
 TOPK = 10
