@@ -616,7 +616,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="an input's shape (repeat per input); needed for symbolic dimensions")
     c.add_argument("--no-profile", action="store_true",
                    help="use the model's first plan per function (default: profile the top --topk)")
-    c.add_argument("--topk", type=int, default=10, help="plans profiled per roller function (default 10)")
+    c.add_argument("--topk", type=int, default=10,
+                   help="plans considered per roller function (default 10): of them, those predicted within the "
+                        "device's profiling margin of the first (`roller fidelity`; within 2x without a record) are "
+                        "built and timed")
     c.add_argument("--profile-budget", type=float, default=PROFILE_BUDGET_SECONDS, metavar="SECONDS",
                    help="profile functions, largest predicted share of the model first, until SECONDS are "
                         f"spent (default {PROFILE_BUDGET_SECONDS:g}; 0: no limit)")

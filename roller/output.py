@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from roller.errors import RollerError
 
@@ -22,6 +23,24 @@ def _umask() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0o022
+
+
+def read_json_record(path: Path) -> tuple[Any, str | None]:
+    """The JSON a record file holds: ``(data, None)``; ``(None, None)`` where there is no such file; ``(None,
+    why)`` where it cannot be read, is not text or is not JSON (truncated or corrupt): the caller warns and
+    carries on without it (calibration and fidelity records are never fatal)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError:
+        return None, "is not text (binary garbage: corrupt)"
+    try:
+        return json.loads(text), None
+    except ValueError as e:
+        return None, f"is not valid JSON ({e}; truncated or corrupt)"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -167,6 +167,18 @@ def case_spec(case: Case):
     return spec
 
 
+def matching_specs(pattern: str | None, path: Path = SUITE):
+    """(case, its OpSpec or None, why it is skipped or None) for every case of the suite CSV at ``path`` whose name
+    matches the regular expression ``pattern`` (all where None): the loop the plan scripts share."""
+    for case in load_cases(path):
+        if pattern and not re.search(pattern, case.name):
+            continue
+        try:
+            yield case, case_spec(case), None
+        except Skip as e:
+            yield case, None, str(e)
+
+
 def _build(case: Case, device, **kwargs):
     """roller.build_op for the case, its options passed through."""
     import roller

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
-from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
+from bench_suite import matching_specs  # noqa: E402  (same folder)
 
 
 def dump(device_name: str, cases: str | None = None) -> str:
@@ -26,13 +25,9 @@ def dump(device_name: str, cases: str | None = None) -> str:
 
     device = load_device(device_name)
     out = {}
-    for case in load_cases(SUITE):
-        if cases and not re.search(cases, case.name):
-            continue
-        try:
-            spec = case_spec(case)
-        except Skip as e:
-            out[case.name] = f"skipped: {e}"
+    for case, spec, skipped in matching_specs(cases):
+        if skipped:
+            out[case.name] = f"skipped: {skipped}"
             continue
         func = spec.make(case.shape, "float32")
         cons = api.construct(func, device, topk=10)

@@ -10,12 +10,11 @@ run on a GPU yet (none was reachable where it was written).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 import numpy as np
 
-from bench_suite import SUITE, Skip, case_spec, load_cases  # noqa: E402  (same folder)
+from bench_suite import matching_specs  # noqa: E402  (same folder)
 
 
 def _measure(func, expr, programs, device, runtime, inputs, reference):
@@ -61,13 +60,9 @@ def main(argv=None) -> int:
     peak = device.units.peak("float32") * device.units.count * 1e9
     print(f"{'case':<28} {'block tile':<34} {'thr':>4} {'predicted':>10} {'of peak':>7} {'measured':>10} "
           f"{'meas/pred':>9}")
-    for case in load_cases(SUITE):
-        if args.cases and not re.search(args.cases, case.name):
-            continue
-        try:
-            spec = case_spec(case)
-        except Skip as e:
-            print(f"{case.name:<28} skipped: {e}")
+    for case, spec, skipped in matching_specs(args.cases):
+        if skipped:
+            print(f"{case.name:<28} skipped: {skipped}")
             continue
         expr, func = analyze(spec.make(case.shape, "float32"))
         plans = construct(expr, device, topk=args.topk).programs

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import statistics
 import sys
 import time
 
-from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
+from bench_suite import matching_specs  # noqa: E402  (same folder)
 
 
 def main(argv=None) -> int:
@@ -56,13 +55,9 @@ def main(argv=None) -> int:
     print(f"device {device.name} ({'calibrated' if device.calibrated else 'datasheet figures'}), profiling margin "
           f"{margin:.1%}; {device.units.count} threads", flush=True)
     rows = []
-    for case in load_cases(SUITE):
-        if args.cases and not re.search(args.cases, case.name):
-            continue
-        try:
-            spec = case_spec(case)
-        except Skip as e:
-            print(f"{case.name}: skipped ({e})")
+    for case, spec, skipped in matching_specs(args.cases):
+        if skipped:
+            print(f"{case.name}: skipped ({skipped})")
             continue
         func = spec.make(case.shape, "float32")
         expr, norm = api.analyze(func)

@@ -306,3 +306,17 @@ def test_a_sure_model_profiles_one_plan(cache):
     forced = build_op("matmul", {"M": 64, "N": 64, "K": 64}, topk=10)  # another key: not the entry above
     assert forced.report["cache"] == "miss" and len(forced.report["candidates"]) == 10
     assert forced.report["profile_margin"] is None
+
+
+def test_model_profiling_spreads_by_the_devices_margin(cache):
+    from roller.models.rules import Declined, RollerRule
+    from roller.tir import ops
+
+    dev = load_device("x86-avx512", calibrated=False)
+    spec = ops.get_op("matmul")
+    func = spec.make(ops.validate_shape(spec, {"M": 256, "N": 256, "K": 256}, "float32"), "float32")
+    rec = F.summarize(dev, [_study(1.0)], quick=True, selection="quick", samples=1, topk=2, rounds=1, seconds=1.0)
+    # a margin so small that no second plan is within it: the first plan stays, nothing is built
+    R.save_fidelity(dev, dict(rec, profile_margin=1e-9))
+    out = RollerRule().profiled(func, dev, 10)
+    assert isinstance(out, Declined) and "spread 1.00" in out.reason

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from roller.device.model_constants import ModelConstants
 from roller.device.spec import Device
 from roller.errors import CalibrationError
-from roller.output import atomic_write_bytes
+from roller.output import atomic_write_bytes, read_json_record
 from roller.userdirs import CACHE_ENV, cache_dir
 
 
@@ -90,20 +90,10 @@ def load_calibration(device: Device) -> dict | None:
     CalibrationWarning naming the file and saying to rerun ``roller calibrate``; never an exception.
     """
     path = calibration_path(device)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        _warn_bad(path, f"cannot be read ({e.strerror or e})")
-        return None
-    except UnicodeDecodeError:
-        _warn_bad(path, "is not text (binary garbage: corrupt)")
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        _warn_bad(path, f"is not valid JSON ({e}; truncated or corrupt)")
+    data, unreadable = read_json_record(path)
+    if unreadable:
+        _warn_bad(path, unreadable)
+    if data is None:
         return None
     problem = validate_calibration(data, device)
     if problem:

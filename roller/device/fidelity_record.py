@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from roller.device.spec import Device
 from roller.errors import CalibrationError
-from roller.output import atomic_write_bytes
+from roller.output import atomic_write_bytes, read_json_record
 from roller.userdirs import CACHE_ENV, cache_dir
 
 SCHEMA = 1
@@ -63,20 +63,10 @@ def load_fidelity(device: Device) -> dict | None:
     """The last fidelity record of ``device``, or None when there is none or it is unusable (a corrupt,
     wrong-schema or other-fingerprint file gives one FidelityWarning naming it; never an exception)."""
     path = fidelity_path(device)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        _warn_bad(path, f"cannot be read ({e.strerror or e})")
-        return None
-    except UnicodeDecodeError:
-        _warn_bad(path, "is not text (corrupt)")
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        _warn_bad(path, f"is not valid JSON ({e}; truncated or corrupt)")
+    data, unreadable = read_json_record(path)
+    if unreadable:
+        _warn_bad(path, unreadable)
+    if data is None:
         return None
     problem = validate_fidelity(data, device)
     if problem:

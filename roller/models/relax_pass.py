@@ -51,7 +51,8 @@ SCHEDULED_ATTR = "tirx.is_scheduled"
 # Profiling a whole model (ScheduleModule(profile=True)): roller's functions are profiled in order of
 # their share of the model's predicted time (plan time x calls) until PROFILE_BUDGET_SECONDS are spent;
 # functions under MIN_PROFILE_SHARE of it keep the model's first plan, and only plans predicted within
-# PLAN_SPREAD times the first one's time are built (ResNet-50 with every function's top 10: 185 s).
+# PLAN_SPREAD times the first one's time are built (ResNet-50 with every function's top 10: 185 s), or within the
+# device's profiling margin where a fidelity record speaks for its model (rules.RollerRule.profiled).
 PROFILE_BUDGET_SECONDS = 40.0
 MIN_PROFILE_SHARE = 0.01
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from roller.device.spec import Device
 from roller.errors import RollerError
 
-# RollerRule.profiled builds only the plans predicted within PLAN_SPREAD times the first plan's time
+# RollerRule.profiled builds only the plans predicted within PLAN_SPREAD times the first plan's time, where the
+# device has no fidelity record that speaks for its model (roller.builder.api.profiled_plans: then 1 + its margin)
 PLAN_SPREAD = 2.0
 
 
@@ -119,27 +120,31 @@ class RollerRule(Rule):
                 "predicted_seconds": program.predicted_seconds}
         return Scheduled(sch, plan, tuple(notes), prepacked)
 
-    def profiled(self, func, device: Device, topk: int, spread: float = PLAN_SPREAD,
+    def profiled(self, func, device: Device, topk: int, spread: float | None = None,
                  constants: frozenset[str] = frozenset()) -> Scheduled | Declined:
         """:class:`Scheduled` (its ``detail`` says what profiling chose) or :class:`Declined` (why the first
         plan stays): the plans among the model's top ``topk`` predicted within
-        ``spread`` times the first plan's time are built, checked against TVM's unscheduled build and timed
+        ``spread`` times the first plan's time (default: 1 + the device's profiling margin, where its last
+        ``roller fidelity`` speaks for its model; else PLAN_SPREAD) are built, checked against TVM's unscheduled build and timed
         in worker processes (:func:`roller.builder.api.build`, through the kernel cache), and the fastest is
         scheduled, taking the ``constants`` it can packed (timed with their packing in the kernel: the
         tiles it chose are what profiling decides). Declined when fewer than two plans are that close."""
         import dataclasses
 
-        from roller.builder.api import analyze, build
+        from roller.builder.api import analyze, build, profiled_plans
         from roller.plan.construct import replanned
         from roller.targets import target_of
 
+        if spread is None:
+            margin = profiled_plans(None, device)[1]
+            spread = PLAN_SPREAD if margin is None else 1 + margin
         expr, norm = analyze(func)
         programs = target_of(device).construct(expr, device, topk).programs
         first = programs[0].predicted_seconds
         k = sum(1 for p in programs if p.predicted_seconds <= first * spread)
         if k < 2:
-            nxt = f"{programs[1].predicted_seconds / first:.1f}x" if len(programs) > 1 else "no"
-            return Declined(f"not profiled: the model's next plan is predicted {nxt} slower")
+            nxt = f"{programs[1].predicted_seconds / first:.2f}x" if len(programs) > 1 else "no"
+            return Declined(f"not profiled: the model's next plan is predicted {nxt} slower (spread {spread:.2f})")
         try:
             result = build(norm.with_attr("global_symbol", "main"), device, topk=k, profile=True, name=expr.name)
         except _schedule_errors() as e:

@@ -89,6 +89,7 @@ def accumulator_kernel(lanes: int, mr: int, nv: int, tiles: int, chunks: int, ch
     from tvm.script import tirx as T
 
     nr, m, k = nv * lanes, tiles * mr, chunks * chunk
+    # two functions, not one with a branch: they differ in the order of the chunk and tile loops, which is the point
 
     @T.prim_func
     def f_moved(a: T.handle, b: T.handle, c: T.handle):
