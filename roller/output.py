@@ -5,7 +5,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from roller.errors import RollerError
 
@@ -25,10 +25,11 @@ def _umask() -> int:
     return 0o022
 
 
-def read_json_record(path: Path) -> tuple[Any, str | None]:
-    """The JSON a record file holds: ``(data, None)``; ``(None, None)`` where there is no such file; ``(None,
-    why)`` where it cannot be read, is not text or is not JSON (truncated or corrupt): the caller warns and
-    carries on without it (calibration and fidelity records are never fatal)."""
+def read_json_record(path: Path, problem: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+    """The JSON a record file holds, where ``problem`` (what is wrong with the data, None if usable) finds it
+    usable: ``(data, None)``; ``(None, None)`` where there is no such file; ``(None, why)`` where it cannot be
+    read, is not text, is not JSON (truncated or corrupt) or is not usable: the caller warns and carries on
+    without it (calibration and fidelity records are never fatal)."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -38,9 +39,11 @@ def read_json_record(path: Path) -> tuple[Any, str | None]:
     except UnicodeDecodeError:
         return None, "is not text (binary garbage: corrupt)"
     try:
-        return json.loads(text), None
+        data = json.loads(text)
     except ValueError as e:
         return None, f"is not valid JSON ({e}; truncated or corrupt)"
+    why = problem(data)
+    return (None, why) if why else (data, None)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

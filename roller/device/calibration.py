@@ -34,25 +34,39 @@ class CalibrationWarning(UserWarning):
     """A calibration file was ignored, or a measured figure looks implausible."""
 
 
+def device_record_path(folder: str, device: Device) -> Path:
+    """``<cache>/<folder>/<name>-<fingerprint>.json``: where a per-device record (calibration, fidelity) lives."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", device.name) or "device"
+    return cache_dir() / folder / f"{name}-{device.fingerprint or 'nofingerprint'}.json"
+
+
 def calibration_path(device: Device) -> Path:
     """Where ``device``'s calibration lives: ``<cache>/calibration/<name>-<fingerprint>.json``."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", device.name) or "device"
-    return cache_dir() / "calibration" / f"{name}-{device.fingerprint or 'nofingerprint'}.json"
+    return device_record_path("calibration", device)
 
 
 def _positive(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def validate_calibration(data: Any, device: Device | None = None) -> str | None:
-    """What is wrong with a calibration dict (None if usable): schema, fingerprint, figures."""
+def record_header_problem(data: Any, schema: int, device: Device | None) -> str | None:
+    """What is wrong with a per-device record's frame (None if sound): a JSON object of this ``schema``, for
+    ``device``'s fingerprint (where a device is given)."""
     if not isinstance(data, Mapping):
         return "not a JSON object"
-    if data.get("schema") != SCHEMA:
-        return f"schema {data.get('schema')!r}, this roller reads schema {SCHEMA}"
+    if data.get("schema") != schema:
+        return f"schema {data.get('schema')!r}, this roller reads schema {schema}"
     if device is not None and data.get("fingerprint") != device.fingerprint:
         return (f"it is for fingerprint {data.get('fingerprint')!r}, the device has {device.fingerprint!r} "
                 f"(the hardware or spec changed)")
+    return None
+
+
+def validate_calibration(data: Any, device: Device | None = None) -> str | None:
+    """What is wrong with a calibration dict (None if usable): schema, fingerprint, figures."""
+    header = record_header_problem(data, SCHEMA, device)
+    if header:
+        return header
     peaks = data.get("peak_gflops")
     if not isinstance(peaks, Mapping) or not peaks:
         return "peak_gflops is missing or empty"
@@ -90,15 +104,9 @@ def load_calibration(device: Device) -> dict | None:
     CalibrationWarning naming the file and saying to rerun ``roller calibrate``; never an exception.
     """
     path = calibration_path(device)
-    data, unreadable = read_json_record(path)
-    if unreadable:
-        _warn_bad(path, unreadable)
-    if data is None:
-        return None
-    problem = validate_calibration(data, device)
-    if problem:
-        _warn_bad(path, problem)
-        return None
+    data, why = read_json_record(path, lambda d: validate_calibration(d, device))
+    if why:
+        _warn_bad(path, why)
     return data
 
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from roller.device.calibration import device_record_path, record_header_problem
 from roller.device.spec import Device
 from roller.errors import CalibrationError
 from roller.output import atomic_write_bytes, read_json_record
-from roller.userdirs import CACHE_ENV, cache_dir
+from roller.userdirs import CACHE_ENV
 
 SCHEMA = 1
 
@@ -34,8 +34,7 @@ class FidelityWarning(UserWarning):
 
 def fidelity_path(device: Device) -> Path:
     """Where ``device``'s fidelity record lives: ``<cache>/fidelity/<name>-<fingerprint>.json``."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", device.name) or "device"
-    return cache_dir() / "fidelity" / f"{name}-{device.fingerprint or 'nofingerprint'}.json"
+    return device_record_path("fidelity", device)
 
 
 def _number_or_none(x: Any) -> bool:
@@ -44,13 +43,9 @@ def _number_or_none(x: Any) -> bool:
 
 def validate_fidelity(data: Any, device: Device | None = None) -> str | None:
     """What is wrong with a fidelity record (None if usable): schema, fingerprint, the summary figures."""
-    if not isinstance(data, Mapping):
-        return "not a JSON object"
-    if data.get("schema") != SCHEMA:
-        return f"schema {data.get('schema')!r}, this roller reads schema {SCHEMA}"
-    if device is not None and data.get("fingerprint") != device.fingerprint:
-        return (f"it is for fingerprint {data.get('fingerprint')!r}, the device has {device.fingerprint!r} "
-                f"(the hardware or spec changed)")
+    header = record_header_problem(data, SCHEMA, device)
+    if header:
+        return header
     for key in ("mean_spearman", "relative_error"):
         if key not in data or not _number_or_none(data[key]):
             return f"{key} is {data.get(key)!r}, expected a finite number or null"
@@ -63,15 +58,9 @@ def load_fidelity(device: Device) -> dict | None:
     """The last fidelity record of ``device``, or None when there is none or it is unusable (a corrupt,
     wrong-schema or other-fingerprint file gives one FidelityWarning naming it; never an exception)."""
     path = fidelity_path(device)
-    data, unreadable = read_json_record(path)
-    if unreadable:
-        _warn_bad(path, unreadable)
-    if data is None:
-        return None
-    problem = validate_fidelity(data, device)
-    if problem:
-        _warn_bad(path, problem)
-        return None
+    data, why = read_json_record(path, lambda d: validate_fidelity(d, device))
+    if why:
+        _warn_bad(path, why)
     return data
 
 
