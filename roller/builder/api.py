@@ -141,14 +141,15 @@ def cache_options(profile: bool, topk: int, build_budget: float | None, margin: 
 AUTO_TOPK = 10  # the most plans a profiled build takes when no --topk forces a number
 
 
-def profiled_plans(topk: int | None, device: Device) -> tuple[int, float | None]:
+def profiled_plans(topk: int | None, device: Device, profile: bool = True) -> tuple[int, float | None]:
     """How many of the constructor's plans a profiled build takes, and the margin that cuts them (issue 33:
     profiling that trusts the model): ``topk`` where given (a forced number, no margin); else up to
     AUTO_TOPK, of which :func:`within_margin` keeps those predicted within the device's profiling margin of
     the first (``roller.device.fidelity_record.profile_margin``, from its last ``roller fidelity``: a sure
-    model builds one plan, an unsure one more); all AUTO_TOPK where no fidelity record applies."""
-    if topk is not None:
-        return topk, None
+    model builds one plan, an unsure one more); all AUTO_TOPK where no fidelity record applies. Without
+    ``profile`` (the model's first plan only) nothing is cut and the record is not read."""
+    if topk is not None or not profile:
+        return (AUTO_TOPK if topk is None else topk), None
     from roller.device.fidelity_record import profile_margin
 
     return AUTO_TOPK, profile_margin(device)
@@ -192,7 +193,7 @@ def lookup(func, device: Device | str | None = None, topk: int | None = None, pr
 
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, None, None, None)
-    count, margin = profiled_plans(topk, dev)
+    count, margin = profiled_plans(topk, dev, profile)
     options = cache_options(profile, count, build_budget, margin)
     store = kcache.open_store()
     if key is None:
@@ -231,7 +232,7 @@ def _build(func, device, topk: int | None, profile: bool, check: Callable[[], tu
     a cache hit needs neither (build_op's numpy reference of a large operator takes longer than the hit)."""
     t0 = time.perf_counter()
     dev, expr, norm, labels = _prepare(func, device, name, shape, options, dtype)
-    topk, margin = profiled_plans(topk, dev)
+    topk, margin = profiled_plans(topk, dev, profile)
     target = target_of(dev)
     if target.offline:  # the family's own build path (a GPU's: compiled offline, checked against its limits)
         return target.build_offline(func, expr, dev, topk, labels, check, profile)

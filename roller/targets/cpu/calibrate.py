@@ -24,7 +24,7 @@ import time
 
 from roller.device.spec import Device
 from roller.device.calibration import MEASURED_SOURCE, SCHEMA, figures
-from roller.plan.overheads import DEFAULT_CLOCK_GHZ
+from roller.plan.overheads import cycle_seconds
 from roller.errors import CalibrationError
 
 
@@ -122,7 +122,7 @@ def model_terms(device: Device, probes: dict, day: str) -> dict:
     """The cost model's terms the probes measured, in a spec's ``model:`` shape (name -> value, source, probe):
     pool launch and join in cycles of the model's clock, a line two units write in seconds, an accumulator
     vector moved through L1 in cycles. A difference that came out below zero (noise around a free term) is 0."""
-    hz = (device.units.clock_ghz or DEFAULT_CLOCK_GHZ) * 1e9
+    hz = 1 / cycle_seconds(device)  # the model's clock
     out = {}
     if "launch" in probes:
         p = probes["launch"]
