@@ -260,9 +260,7 @@ def candidates_for(expr, device: Device, samples: int, topk: int) -> tuple[list[
     """The constructor's top-``topk`` plus up to ``samples`` random valid plans not among them, the index
     of the model's first choice among them all (its own order: prediction, then its tie-breaks), and how many
     of them (the first ones) are the constructor's."""
-    from roller.plan.construct import sample_programs
-    from roller.plan.ranking import rank
-    from roller.plan.rtile import tile_counts
+    from roller.plan.construct import rank_programs, sample_programs
     from roller.targets import construct
 
     cons = construct(expr, device, topk)
@@ -272,8 +270,8 @@ def candidates_for(expr, device: Device, samples: int, topk: int) -> tuple[list[
         if p.key not in keys and len(cands) < len(cons.programs) + samples:
             keys.add(p.key)
             cands.append(p)
-    first = rank(list(range(len(cands))), lambda i: cands[i].predicted_seconds, lambda i: cands[i].memory_seconds,
-                 lambda i: tile_counts(expr, cands[i].tiles[0])[0])[0]
+    best = rank_programs(expr, cands)[0]
+    first = next(i for i, p in enumerate(cands) if p is best)
     return cands, first, len(cons.programs)
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from roller.device.spec import Device
 from roller.errors import InvalidShapeError, UnsupportedExpressionError
@@ -447,10 +447,16 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
         raise UnsupportedExpressionError(
             f"{expr.name}: no tile fits the device {device.name!r} (even with {EPSILON_STEPS[-1]:.0%} padding); "
             f"the tensors' smallest tiles exceed the level capacities")
-    best = rank(best, lambda p: p.predicted_seconds, lambda p: p.memory_seconds,
-                lambda p: tile_counts(expr, p.tiles[0])[0])
+    best = rank_programs(expr, best)
     return Construction(expr=expr, programs=tuple(best[:topk]), epsilon=eps,
                         seconds=time.perf_counter() - t0)
+
+
+def rank_programs(expr: Expr, programs: Sequence[RProgram]) -> list[RProgram]:
+    """``programs`` in the model's order: predicted time, then its tie-breaks (memory time, then the register
+    tile's size), as construction ranks its plans."""
+    return rank(list(programs), lambda p: p.predicted_seconds, lambda p: p.memory_seconds,
+                lambda p: tile_counts(expr, p.tiles[0])[0])
 
 
 def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsilon: float = 0.0,

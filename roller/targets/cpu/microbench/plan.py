@@ -101,12 +101,18 @@ def peak_tile(device: Device, dtype: str) -> dict:
     mr = max(1, (regs - 4) // nv)
     lanes = device.units.lanes(dtype)
     b = dtype_bytes(dtype)
-    l1 = next((lv for lv in device.levels if lv.storage_scope != "local"), None)
-    l1_bytes = l1.capacity_bytes if l1 is not None and not l1.shared else 32 << 10
+    l1_bytes = _l1_bytes(device)
     k = 64
     while k > 8 and k * (mr + nv * lanes) * b > l1_bytes // 2:
         k //= 2
     return {"dtype": dtype, "lanes": lanes, "mr": mr, "nv": nv, "k": k}
+
+
+def _l1_bytes(device: Device) -> int:
+    """Capacity of the first cache (the level nearest compute that is not registers), where it is a unit's own;
+    32 KiB otherwise."""
+    l1 = next((lv for lv in device.levels if lv.storage_scope != "local"), None)
+    return l1.capacity_bytes if l1 is not None and not l1.shared else 32 << 10
 
 
 def probe_plan(device: Device) -> dict:
@@ -117,8 +123,7 @@ def probe_plan(device: Device) -> dict:
     line_bytes = next((lv.transaction_bytes for lv in device.levels if lv.storage_scope != "local"), 64)
     tile = peak_tile(device, "float32")
     lanes, mr, nv = tile["lanes"], tile["mr"], tile["nv"]
-    l1 = next((lv for lv in device.levels if lv.storage_scope != "local"), None)
-    l1_bytes = l1.capacity_bytes if l1 is not None and not l1.shared else 32 << 10
+    l1_bytes = _l1_bytes(device)
     tiles, chunks, chunk = 4, 8, 8
     while chunk > 1 and 4 * (tiles * mr * chunks * chunk + chunks * chunk * nv * lanes + tiles * mr * nv * lanes) \
             > l1_bytes // 2:
@@ -160,7 +165,7 @@ def make_plan(device: Device, threads: int, quick: bool = False) -> dict:
         "extra_rounds": 1 if quick else 3,  # all-units re-measurements when other processes held cores
         "deadline_seconds": 11 if quick else 48,  # no extra round starts that would end after this
         "probes": probe_plan(device),
-        "probe_rounds": 3 if quick else 5,
+        "probe_rounds": 5,  # the full plan only: --quick probes nothing
         "warnings": sorted(set(w1 + wn)),
     }
     return plan
