@@ -166,6 +166,43 @@ def test_fused_epilogue_matmul_bias_relu():
     np.testing.assert_array_equal(out, np.maximum(arrays[0] @ arrays[1] + arrays[2], 0))
 
 
+def test_epilogue_over_a_merged_output_index():
+    """A grouped convolution iterates g and j but writes channel g * 8 + j (roller.tir.ops.grouped_conv_func,
+    also what the model frontend's legalization emits); its bias + ReLU epilogue reads that buffer plainly at
+    channel k. Each epilogue axis stands for the index the main block writes: the bias is read at g * 8 + j
+    and the output keeps the main block's layout."""
+    from tvm import s_tir
+
+    N, H, C, G = 1, 6, 16, 2
+    cg = C // G
+    data = te.placeholder((N, H, H, C), name="data")
+    weight = te.placeholder((3, 3, cg, C), name="weight")
+    bias = te.placeholder((C,), name="bias")
+    r, s, c = te.reduce_axis((0, 3), name="r"), te.reduce_axis((0, 3), name="s"), te.reduce_axis((0, cg), name="c")
+    conv = te.compute((N, H - 2, H - 2, G, cg), lambda n, h, w, g, j: te.sum(
+        data[n, h + r, w + s, g * cg + c] * weight[r, s, c, g * cg + j], axis=[r, s, c]), name="conv")
+    out = te.compute((N, H - 2, H - 2, C), lambda n, h, w, k: te.max(
+        conv[n, h, w, k // cg, k % cg] + bias[k], tirx.const(0, "float32")), name="out")
+    sch = s_tir.Schedule(te.create_prim_func([data, weight, bias, out]))
+    sch.transform_layout(sch.get_sblock("conv"), ("write", 0), lambda n, h, w, g, j: (n, h, w, g * cg + j))
+    a = analyze(sch.mod["main"])
+    e = a.expr
+    assert a.epilogue_block == "out" and e.block == "conv"
+    assert tensor(e, "bias").index == ((("g", 8), ("j", 1)),)
+    assert e.output.name == "out" and e.output.index[3] == (("g", 8), ("j", 1))
+    rng = np.random.default_rng(0)
+    arrays = [(rng.integers(-8, 9, size=sh) / 8).astype("float32") for sh in [(N, H, H, C), (3, 3, cg, C), (C,)]]
+    got = run(a.func, arrays, (N, H - 2, H - 2, C))
+    x, wt, b = arrays
+    ref = np.zeros((N, H - 2, H - 2, C))
+    for k in range(C):
+        g = k // cg
+        for dr in range(3):
+            for ds in range(3):
+                ref[..., k] += x[:, dr:dr + H - 2, ds:ds + H - 2, g * cg:(g + 1) * cg] @ wt[dr, ds, :, k]
+    np.testing.assert_allclose(got, np.maximum(ref + b, 0), rtol=1e-6, atol=1e-6)
+
+
 def test_producers_inlined_into_reduction():
     A = te.placeholder((8, 6), name="A")
     Bt = te.placeholder((5, 6), "float16", name="Bt")

@@ -314,11 +314,13 @@ def test_squeeze_excitation_block_matches_onnxruntime(device):
     assert sum(n.endswith("_apart") for n in by) == 1, by  # the excitation's multiply, on its own
 
 
-@pytest.mark.parametrize("groups", [6, 2])
+@pytest.mark.parametrize("groups", [6, 2, 12])
 def test_grouped_convolution_is_a_roller_kernel(device, groups):
     """TOPI's grouped convolution reads input channel k // (K/groups) * (C/groups) + c, which roller cannot
-    analyse (RegNet's went to dlight.Reduction); roller.models.legalize gives it affine indices through a
-    per-output-channel copy of each group's inputs (6 groups: 8 channels a group; 2 groups: 24)."""
+    analyse (RegNet's went to dlight.Reduction); roller.models.legalize gives it affine indices, as the operator
+    conv2d has them: 8 and 24 channels a group iterate the group and the channel within it as two axes, the
+    bias + ReLU epilogue reading the merged channel; 4 a group (12 groups) copy each group's inputs per output
+    channel."""
     model = onnx_models.grouped_conv(groups=groups)
     cm = roller.compile_model(model, device, cache=False)
     check = frontend.check_against_onnxruntime(cm, model, time_it=False)

@@ -128,39 +128,50 @@ def _add_input(inputs: dict, access: TensorAccess, bctx: str) -> None:
 
 def _fold_epilogue(epi, store, var_axis: dict, inputs: dict, ectx: str) -> TensorAccess:
     """Maps the epilogue block's accesses onto the main block's axes; adds its extra inputs; returns
-    the epilogue's output access. The epilogue must be elementwise over the main block's output."""
+    the epilogue's output access. The epilogue must be elementwise over the main block's output, which
+    the main block may write at affine indices of its axes (a grouped convolution's g * K/groups + j):
+    each epilogue axis then stands for the index the main block writes that dimension at."""
     from tvm import tirx
 
     acc = store.buffer
-    out_axes = []  # per dimension of the accumulator: the main axis indexing it
-    for idx in store.indices:
-        if not isinstance(idx, tirx.Var) or idx not in var_axis:
-            raise UnsupportedExpressionError(f"{ectx}: the main block writes {acc.name} at {list(store.indices)}, not at "
-                                             f"plain axes; an epilogue needs a plainly indexed output")
-        out_axes.append(var_axis[idx])
-    epi_map = None
+    stored = _access(acc, store.indices, var_axis, ectx)
     loads = list(_loads(epi.body.value))
+    dim_of = None  # epilogue iter var -> the accumulator dimension it indexes
     for load in loads:
         if load.source.same_as(acc):
             if not all(isinstance(i, tirx.Var) for i in load.indices):
                 raise UnsupportedExpressionError(f"{ectx}: reads {acc.name} at {list(load.indices)}, not elementwise; "
                                                  f"roller fuses elementwise epilogues only")
-            this = dict(zip(load.indices, out_axes))
-            if epi_map is not None and epi_map != this:
+            this = {v: d for d, v in enumerate(load.indices)}
+            if dim_of is not None and dim_of != this:
                 raise UnsupportedExpressionError(f"{ectx}: reads {acc.name} with two access patterns")
-            epi_map = this
-    if epi_map is None:
+            dim_of = this
+    if dim_of is None:
         raise UnsupportedExpressionError(f"{ectx}: does not read the main block's output {acc.name}")
     for iv in epi.iter_vars:
-        if iv.var not in epi_map:
+        if iv.var not in dim_of:
             raise UnsupportedExpressionError(f"{ectx}: axis {iv.var} does not index {acc.name}; the epilogue must be "
                                              f"elementwise over the main block's output")
     simplify = _simplifier(epi)
+    names = {v: str(d) for v, d in dim_of.items()}
+
+    def mapped(buf, indices) -> TensorAccess:
+        """The access in the epilogue's axes, each replaced by the main block's index of its dimension."""
+        seen = _access(buf, indices, names, ectx, simplify)
+        index = []
+        for dim in seen.index:
+            coeff: dict[str, int] = {}
+            for d, c in dim:
+                for a, c2 in stored.index[int(d)]:
+                    coeff[a] = coeff.get(a, 0) + c * c2
+            index.append(tuple((a, c) for a, c in coeff.items() if c))
+        return TensorAccess(seen.name, seen.shape, seen.dtype, tuple(index))
+
     for load in loads:
         if not load.source.same_as(acc):
-            _add_input(inputs, _access(load.source, load.indices, epi_map, ectx, simplify), ectx)
-    out = _access(epi.body.buffer, epi.body.indices, epi_map, ectx, simplify)
-    if out.shape != tuple(int(s) for s in acc.shape) or out.index != tuple(((a, 1),) for a in out_axes):
+            _add_input(inputs, mapped(load.source, load.indices), ectx)
+    out = mapped(epi.body.buffer, epi.body.indices)
+    if out.shape != stored.shape or out.index != stored.index:
         raise UnsupportedExpressionError(f"{ectx}: writes {out.name} in another layout than {acc.name}; roller fuses "
                                          f"elementwise epilogues only")
     return out

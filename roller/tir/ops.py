@@ -313,24 +313,42 @@ def conv2d_nhwc(N: int, H: int, W: int, C: int, K: int, R: int, S: int, stride: 
     data = te.placeholder((N, H, W, C), dtype, name="data")
     weight = te.placeholder((R, S, C // groups, K), dtype, name="weight")
     src = _pad_hw(data, pad, _zero(dtype))
+    if groups > 1:
+        return grouped_conv_func(data, weight, src, groups, stride, dilation, out, name="conv")
     r, s, pixel = _window(src, R, S, stride, dilation)
-    c = te.reduce_axis((0, C // groups), name="c")
-    if groups == 1:
-        conv = te.compute(
-            (N, OH, OW, K),
-            lambda n, h, w, k: te.sum(_mul_acc(pixel(n, h, w, c), weight[r, s, c, k], out), axis=[r, s, c]),
-            name="conv")
-        return te.create_prim_func([data, weight, conv])
-    cg, kg = C // groups, K // groups
+    c = te.reduce_axis((0, C), name="c")
+    conv = te.compute(
+        (N, OH, OW, K),
+        lambda n, h, w, k: te.sum(_mul_acc(pixel(n, h, w, c), weight[r, s, c, k], out), axis=[r, s, c]),
+        name="conv")
+    return te.create_prim_func([data, weight, conv])
+
+
+def grouped_conv_func(data, weight, src, groups: int, stride: int, dilation: int, out_dtype: str,
+                      name: str = "conv", index_dtype: str | None = None):
+    """The PrimFunc (data, weight, output) of a grouped convolution of ``src`` (``data`` NHWC, padded or
+    itself) by ``weight`` ([R, S, C/groups, K]), output NHWK, in the form roller analyses: below
+    ``GROUP_REPLICATE_BELOW`` output channels a group, through :func:`replicated_group_conv`; from there on,
+    a block over g and j (output channel g * K/groups + j) as two axes, every index affine, its output
+    stored NHWK by ``transform_layout``. The operator and the model frontend's legalization both build it
+    (the latter with ``index_dtype="int64"``, Relax's shapes, as ``BlockBuilder.call_te`` does)."""
+    from tvm import te
+
+    N, H, W, C = (int(d) for d in src.shape)
+    R, S, cg, K = (int(d) for d in weight.shape)
+    kg = K // groups
     if kg < GROUP_REPLICATE_BELOW:
-        conv = replicated_group_conv(src, weight, groups, stride, dilation, out)
-        return te.create_prim_func([data, weight, conv])
+        conv = replicated_group_conv(src, weight, groups, stride, dilation, out_dtype, name=name)
+        return te.create_prim_func([data, weight, conv], index_dtype_override=index_dtype)
+    r, s, pixel = _window(src, R, S, stride, dilation)
+    c = te.reduce_axis((0, cg), name="c")
+    OH, OW = ((H - dilation * (R - 1) - 1) // stride + 1, (W - dilation * (S - 1) - 1) // stride + 1)
     conv = te.compute(
         (N, OH, OW, groups, kg),
-        lambda n, h, w, g, j: te.sum(_mul_acc(pixel(n, h, w, g * cg + c), weight[r, s, c, g * kg + j], out),
+        lambda n, h, w, g, j: te.sum(_mul_acc(pixel(n, h, w, g * cg + c), weight[r, s, c, g * kg + j], out_dtype),
                                      axis=[r, s, c]),
-        name="conv")
-    return _merge_last_two(te.create_prim_func([data, weight, conv]), "conv", kg)
+        name=name)
+    return _merge_last_two(te.create_prim_func([data, weight, conv], index_dtype_override=index_dtype), name, kg)
 
 
 def replicated_group_conv(src, weight, groups: int, stride: int, dilation: int, out_dtype: str, name: str = "conv"):
