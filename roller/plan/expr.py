@@ -63,18 +63,26 @@ class TensorAccess:
         """(size, ((axis, |coef|), ...)) per dimension: what region() reads, prepared once."""
         return tuple((size, tuple((a, abs(c)) for a, c in dim)) for dim, size in zip(self.index, self.shape))
 
-    def region(self, tile: dict[str, int]) -> tuple[int, ...]:
+    def region(self, tile: dict[str, int], distinct: bool = False) -> tuple[int, ...]:
         """Extent of the region a tile touches, per dimension: a sliding window where several axes
-        index one dimension, ``sum(coef * (t - 1)) + 1``, clipped to the tensor's shape."""
+        index one dimension, ``sum(coef * (t - 1)) + 1``, clipped to the tensor's shape. With ``distinct``,
+        the indices the tile reads rather than their span: a strided axis (a stride-2 convolution's
+        ``2 * w``) reads every other one, and a window whose smaller step does not bridge the larger
+        (``2 * h + r`` with one r a tile) reads separate runs."""
         out = []
         for size, dim in self._region_terms:  # plain loops: construction calls this ~10^6 times
             if len(dim) == 1:
                 a, c = dim[0]
-                n = tile[a] if c == 1 else c * (tile[a] - 1) + 1
+                n = tile[a] if c == 1 or distinct else c * (tile[a] - 1) + 1
             else:
                 n = 1
                 for a, c in dim:
                     n += c * (tile[a] - 1)
+                if distinct and len(dim) == 2:
+                    (a1, c1), (a2, c2) = sorted(dim, key=lambda ac: ac[1])
+                    run = c1 * (tile[a1] - 1) + 1  # the span of the smaller step's axis
+                    if run < c2 and tile[a2] > 1:  # runs that do not meet
+                        n = tile[a2] * (tile[a1] if c1 > 1 else run)
             out.append(n if n < size else size)
         return tuple(out)
 

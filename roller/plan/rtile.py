@@ -208,7 +208,7 @@ def tensor_footprint(t: TensorAccess, tile: Mapping[str, int], rules: LevelRules
     hit = memo.get(key)
     if hit is not None:
         return hit
-    region = t.region(tile)
+    region = t.region(tile, distinct=rules.index == 0)  # registers load the elements read, not their span
     out = math.prod(region[:-1]) * rules.row_bytes(t, region[-1], moved) if region else t.elem_bytes
     memo[key] = out
     return out
