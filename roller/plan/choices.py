@@ -181,7 +181,8 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         vector_axis=vector_axis, packed=packed, storage_pad=pads, padded=padded, predicated=predicated,
         partial_sums=partial_sums(expr, tiles[0], vector_axis, lanes),
         layouts={t.name: t.packed_order for t in expr.inputs if t.packed_order}, inlined=inlined,
-        prepacked=prepacked, register_transposes=register_transposes(expr, tiles[-1], lanes, prepacked),
+        prepacked=prepacked, constants=tuple(t.name for t in expr.inputs if t.name in constants),
+        register_transposes=register_transposes(expr, tiles[-1], lanes, prepacked),
         held_grid=held_grid(expr, tiles, vector_axis, lanes, predicated),
         dot_depth=program_dot_depth(expr, tiles, device, vector_axis, prepacked, padded + predicated), epsilon=epsilon)
     return dataclasses.replace(program, prefetched=prefetched_inputs(expr, program, device))

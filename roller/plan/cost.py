@@ -259,6 +259,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     root_copies = root_copy_bytes(expr, padded, packed, prepacked)
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked) - root_copies
     mem, traf = {}, {}
+    cold_inputs = set(prepacked) | set(program.constants)
     foot = dict(zip((lv.name for lv in levels), level_footprints(expr, list(tiles), device, vector_axis)))
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
         rules = LevelRules.of(device, i, expr, vector_axis)
@@ -270,10 +271,11 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
         if i == 0:
             below *= device.model.register_load_share
         cold = 0.0
-        if i == len(levels) - 1 and prepacked and device.constants_level:
-            # a model's weights that do not stay in the caches between calls come from constants_level
+        if i == len(levels) - 1 and cold_inputs and device.constants_level:
+            # a model's weights that do not stay in the caches between calls come from constants_level,
+            # prepacked or read as stored
             cold = sum(tensor_footprint(t, tile, rules, moved=True) for t in expr.inputs
-                       if t.name in prepacked) * total
+                       if t.name in cold_inputs) * total
         mem[lv.name] = (q - cold) / (below * 1e9)
         if cold:
             mem[lv.name] += cold / (unit_bandwidth(device.level(device.constants_level), units) * 1e9)

@@ -37,6 +37,9 @@ class RProgram:
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # packed input -> its dims' order
     inlined: tuple[str, ...] = ()     # staged inputs whose padding stage is inlined, not copied per top tile
     prepacked: tuple[str, ...] = ()   # constant inputs stored in the plan's tiles (roller.plan.prepack): no copy
+    # every constant input (a model's weights), prepacked or not: where the other layers evict them between
+    # calls (Device.constants_level) the model charges their bytes from there either way
+    constants: tuple[str, ...] = ()
     # code generation's choices (roller.plan.choices decides them; codegen executes them or raises)
     balanced: bool = False            # the parallel grid is load-balanced (each unit steals when done)
     # prepacked inputs whose next top tile is software-prefetched: no cost term (it hides latency, the model
@@ -99,7 +102,7 @@ class RProgram:
             "vector_axis": self.vector_axis, "packed": list(self.packed), "storage_pad": dict(self.storage_pad),
             "padded": list(self.padded), "predicated": list(self.predicated), "partial_sums": self.partial_sums,
             "layouts": {k: list(v) for k, v in self.layouts.items()}, "inlined": list(self.inlined),
-            "prepacked": list(self.prepacked),
+            "prepacked": list(self.prepacked), "constants": list(self.constants),
             "balanced": self.balanced, "prefetched": list(self.prefetched),
             "register_transposes": list(self.register_transposes), "held_grid": self.held_grid,
             "dot_depth": self.dot_depth,
@@ -121,7 +124,7 @@ class RProgram:
             padded=tuple(d.get("padded", ())), predicated=tuple(d.get("predicated", ())),
             partial_sums=bool(d.get("partial_sums", False)),
             layouts={k: tuple(v) for k, v in d.get("layouts", {}).items()}, inlined=tuple(d.get("inlined", ())),
-            prepacked=tuple(d.get("prepacked", ())),
+            prepacked=tuple(d.get("prepacked", ())), constants=tuple(d.get("constants", ())),
             balanced=bool(d.get("balanced", False)), prefetched=tuple(d.get("prefetched", ())),
             register_transposes=tuple(d.get("register_transposes", ())), held_grid=d.get("held_grid"),
             dot_depth=int(d.get("dot_depth", 1)),
