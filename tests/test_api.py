@@ -1,5 +1,9 @@
 """The Python interface end to end: every named operator built by construction + profiling, checked
 against numpy (by the profiler, and again here on the returned module)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -142,3 +146,41 @@ def test_wrong_input_arrays_and_device_kind_are_clear_errors(tmp_path):
     with pytest.raises(roller.errors.DeviceSpecError, match="gpu: expected a mapping"):
         roller.build(ops.matmul(8, 8, 8), device=str(path))
     assert roller.construct(ops.matmul(8, 8, 8), "a100", topk=1).programs
+
+
+THREADS_CHILD = """
+import os, sys
+import numpy as np
+import roller, tvm
+r = roller.build_op("add_relu", {"M": 64, "N": 512}, profile=False, cache=False)
+a, b = (np.random.default_rng(i).standard_normal((64, 512)).astype("float32") for i in (0, 1))
+out = tvm.runtime.tensor(np.zeros((64, 512), "float32"))
+r.module["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+np.testing.assert_allclose(out.numpy(), np.maximum(a + b, 0), rtol=1e-6)
+allowed = set()
+for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/status") as f:
+        allowed |= {line.split()[1] for line in f if line.startswith("Cpus_allowed_list")}
+print(os.environ["TVM_BIND_THREADS"], tvm.get_global_func("runtime.NumThreads")(), " ".join(sorted(allowed)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and at least two CPUs")
+@pytest.mark.parametrize("preset", [None, "1"])
+def test_kernels_run_on_unpinned_threads_unless_the_user_pins_them(preset):
+    """roller starts TVM's pool with its workers unpinned (TVM_BIND_THREADS=0): pinned, a worker whose core
+    other work keeps busy held up every parallel region (ShuffleNet 348 ms a call against 3.9). A user's own
+    TVM_BIND_THREADS stands: TVM then pins its workers, each to one CPU."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
+    if preset is not None:
+        env["TVM_BIND_THREADS"] = preset
+    r = subprocess.run([sys.executable, "-c", THREADS_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bind, threads, *allowed = r.stdout.split()
+    everywhere = f"{min(os.sched_getaffinity(0))}-{max(os.sched_getaffinity(0))}"
+    assert int(threads) == roller.load_device("host").units.count
+    if preset is None:
+        assert bind == "0" and allowed == [everywhere], r.stdout  # no thread restricted to fewer CPUs
+    else:
+        assert bind == "1" and len(allowed) > 1, r.stdout  # the workers each on a CPU of their own
