@@ -297,3 +297,21 @@ def test_paired_ratio_cancels_the_speed_a_round_ran_at():
     assert set(calls) == {"a", "b"}
     cpu = time_rounds([("a", lambda: None)], rounds=2, settle=0, measure=lambda fn: 7.0)
     assert cpu == {"a": [7.0, 7.0]}
+
+
+def test_a_small_output_off_by_percents_is_a_wrong_result():
+    """The absolute tolerance (1e-3 for float32) scales with a reference below 1 in magnitude: a softmax
+    over 197 columns (outputs ~0.005) that summed 11 columns too many was 5% off and passed the model
+    frontend's check (relax_pass.check_schedule) and the kernel check alike."""
+    from roller.measure.verify import TOLERANCE, scaled_atol, wrong_result
+
+    rng = np.random.default_rng(0)
+    e = np.exp(rng.uniform(-1, 1, (12, 197)))
+    want = (e / e.sum(-1, keepdims=True)).astype("float32")
+    off = (e / (e.sum(-1, keepdims=True) + e[:, :11].sum(-1, keepdims=True))).astype("float32")
+    rtol, atol = TOLERANCE["float32"]
+    assert np.allclose(off, want, rtol=rtol, atol=atol)  # what the check accepted
+    assert wrong_result(off, want, rtol, atol) is not None
+    assert wrong_result(want * (1 + 1e-5), want, rtol, atol) is None  # rounding still passes
+    assert scaled_atol(np.array([0.0, 3.0]), atol) == atol and scaled_atol(np.zeros(4), atol) == atol
+    assert scaled_atol(np.array([np.nan, 0.5]), atol) == pytest.approx(atol / 2)

@@ -307,14 +307,15 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
 
     Both are built for the device and run on the same random contents of every buffer parameter (the
     outputs' too, so an output element the schedule forgets to write shows); afterwards every buffer must
-    agree within roller.builder.farm.TOLERANCE (exactly for integers). ``scheduled`` takes the parameters named
+    agree within roller.measure.verify.TOLERANCE, its atol scaled to a buffer below 1 in magnitude
+    (``verify.scaled_atol``; exactly for integers). ``scheduled`` takes the parameters named
     in ``prepacked`` (parameter -> PackedLayout dict) packed: it gets those contents packed, and only the
     other buffers are compared. Functions with symbolic shapes or scalar parameters are not checked ("")."""
     import numpy as np
     import tvm
     from tvm import tirx
 
-    from roller.measure.verify import TOLERANCE
+    from roller.measure.verify import TOLERANCE, scaled_atol
     from roller.models.relax_steps import random_arrays
     from roller.tir.compile import compile_for, target_for
 
@@ -343,6 +344,8 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
         if str(p.name) in layouts:
             continue  # an input, read in another layout
         rtol, atol = TOLERANCE.get(str(p.dtype), (0, 0))
+        if np.issubdtype(want.dtype, np.floating):
+            atol = scaled_atol(want, atol)
         if not np.allclose(got, want, rtol=rtol, atol=atol):
             err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
             return f"wrong result: buffer {p.name} differs from the unscheduled build by up to {err:.3g}"
