@@ -278,3 +278,17 @@ def test_register_tiles_that_leave_l1_no_room_give_way_to_ones_that_do():
     best = construct(e, dev, topk=1).programs[0]
     assert best.epsilon == 0.0
     check_invariants(e, best, dev)
+
+
+def test_a_prime_extent_grows_epsilon_until_padded_tiles_are_ranked():
+    """197 rows (ViT's tokens) have no aligned tile but 1 and 197 below 10% padding, and a full pool used to
+    stop epsilon short of it: ViT's attention ran one-row register tiles (706 us) where the model predicts
+    6 rows 9x faster (196 us measured). Construction now ranks what epsilon 0.1 offers for such an axis."""
+    from roller.plan.construct import EPSILON_ALWAYS
+
+    e = matmul(197, 64, 197)
+    first = construct(e, DEV, topk=1).programs[0]
+    offered = min(p.predicted_seconds for eps in EPSILON_STEPS if eps <= EPSILON_ALWAYS
+                  for p in enumerate_programs(e, DEV, eps, None, frozenset(), limit=10))
+    assert first.predicted_seconds <= offered * (1 + 1e-9)
+    assert construct(matmul(196, 64, 196), DEV, topk=1).epsilon == 0.0  # small divisors: no detour

@@ -36,6 +36,12 @@ EPSILON_STEPS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 # constructing for 10 costs about what constructing for 1 does; docs/design-notes.md#construct-rank_pool.
 RANK_POOL = 10
 BRANCH = 4  # tiles per level carried on to the next level
+# Where a spatial axis's extent has no divisor up to SMALL_DIVISORS, epsilon grows to EPSILON_ALWAYS even
+# with a full pool. ViT's attention (12 x 197x197 @ 197x64): register tiles of one row up to 0.05 (predicted
+# 1304 us, ran 706), 6 rows x 4 vectors at 0.1 (predicted 148, ran 196). For every plan it made the suite's
+# construction 4x slower; docs/models.md ("ViT-B/16").
+EPSILON_ALWAYS = 0.1
+SMALL_DIVISORS = 8
 # Padding along the vector axis a two-vector register tile may add beyond epsilon (scale_up's two_vectors):
 # its last tile is padded or predicated, which the model charges. Set so that an odd count of vectors (11
 # padded to 12, 9%) still gets two-vector tiles; docs/design-notes.md#construct-two_vector_waste.
@@ -435,13 +441,20 @@ def construct(expr: Expr, device: Device, topk: int = 10, constants: frozenset[s
     pending = set(kind.vector_candidates(expr))
     eps = EPSILON_STEPS[0]
     pool = max(topk, RANK_POOL)
+    # an axis with no small divisor (a prime extent: ViT's 197 tokens) has no aligned tile but 1 and itself
+    # below a little padding: epsilon grows to EPSILON_ALWAYS whatever the pool holds
+    until = EPSILON_ALWAYS if any(a.kind != REDUCE and a.extent > SMALL_DIVISORS and
+                                  all(a.extent % d for d in range(2, SMALL_DIVISORS + 1)) for a in expr.axes) else 0.0
     for eps in EPSILON_STEPS:
-        axes = None if len(best) < pool else tuple(sorted(pending))
+        full = len(best) >= pool and not pending
+        if full and eps < until:
+            continue  # straight to ``until``: the steps between add a few padded tiles at twice the time
+        axes = None if len(best) < pool or eps <= until else tuple(sorted(pending))
         progs = kind.enumerate_programs(expr, device, eps, axes, frozenset(constants), limit=pool)
         keys = {p.key for p in best}
         best += [p for p in progs if p.key not in keys]
         pending -= {p.vector_axis for p in progs}
-        if len(best) >= pool and not pending:
+        if len(best) >= pool and not pending and eps >= until:
             break
     if not best:
         raise UnsupportedExpressionError(
