@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from roller.plan.choices import held_grid
+from roller.plan.choices import estimated, held_grid
 
 from roller.tir import ops
 from roller.builder.api import analyze as api_analyze
@@ -101,9 +101,10 @@ def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, o
     assert ((), every) in options and (every, ()) in options
     assert all(set(pads) | set(preds) == set(every) and not set(pads) & set(preds) for pads, preds in options)
     for pads, preds in options:
-        # the held grid loop follows the tails (roller.plan.choices.held_grid)
-        plans.append(replace(over, padded=pads, predicated=preds,
-                             held_grid=held_grid(expr, over.tiles, over.vector_axis, 16, preds)))
+        # the held grid loop and the balancing follow the tails (roller.plan.choices.held_grid, estimated)
+        variant = replace(over, padded=pads, predicated=preds, balanced=False,
+                          held_grid=held_grid(expr, over.tiles, over.vector_axis, 16, preds))
+        plans.append(estimated(expr, variant, device)[0])
     for p in plans:
         run(func, expr, p, device, ins, ref)
 
