@@ -49,8 +49,10 @@ def fill_sentinel(arr: np.ndarray) -> np.ndarray:
 def scaled_atol(reference: np.ndarray, atol: float) -> float:
     """``atol`` for a reference whose largest magnitude is below 1, scaled down by it: an absolute
     tolerance of 1e-3 passed a softmax over 197 columns (outputs ~0.005) that summed 11 columns too many
-    (5% off). References reaching 1 or more, or all zeros, keep ``atol``."""
-    finite = np.abs(reference[np.isfinite(reference)]) if reference.size else reference
+    (5% off). References reaching 1 or more, all zeros, or not floating point keep ``atol``."""
+    if not np.issubdtype(reference.dtype, np.floating):
+        return atol
+    finite = np.abs(reference[np.isfinite(reference)])
     scale = float(finite.max()) if finite.size else 0.0
     return atol * scale if 0.0 < scale < 1.0 else atol
 
@@ -58,8 +60,7 @@ def scaled_atol(reference: np.ndarray, atol: float) -> float:
 def wrong_result(got: np.ndarray, reference: np.ndarray, rtol: float, atol: float) -> str | None:
     """Why ``got`` is not ``reference`` within the tolerances (one line), or None when it is; ``atol`` is
     scaled to a reference below 1 in magnitude (:func:`scaled_atol`)."""
-    if np.issubdtype(reference.dtype, np.floating):
-        atol = scaled_atol(reference, atol)
+    atol = scaled_atol(reference, atol)
     if np.allclose(got, reference, rtol=rtol, atol=atol, equal_nan=False):
         return None
     bad = ~np.isclose(got, reference, rtol=rtol, atol=atol)

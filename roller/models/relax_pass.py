@@ -344,8 +344,7 @@ def check_schedule(func, scheduled, device: Device, seed: int = 0, prepacked: di
         if str(p.name) in layouts:
             continue  # an input, read in another layout
         rtol, atol = TOLERANCE.get(str(p.dtype), (0, 0))
-        if np.issubdtype(want.dtype, np.floating):
-            atol = scaled_atol(want, atol)
+        atol = scaled_atol(want, atol)
         if not np.allclose(got, want, rtol=rtol, atol=atol):
             err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
             return f"wrong result: buffer {p.name} differs from the unscheduled build by up to {err:.3g}"
