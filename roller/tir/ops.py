@@ -342,7 +342,7 @@ def grouped_conv_func(data, weight, src, groups: int, stride: int, dilation: int
         return te.create_prim_func([data, weight, conv], index_dtype_override=index_dtype)
     r, s, pixel = _window(src, R, S, stride, dilation)
     c = te.reduce_axis((0, cg), name="c")
-    OH, OW = ((H - dilation * (R - 1) - 1) // stride + 1, (W - dilation * (S - 1) - 1) // stride + 1)
+    OH, OW = conv_out_size(H, R, stride, 0, dilation), conv_out_size(W, S, stride, 0, dilation)  # src is padded
     conv = te.compute(
         (N, OH, OW, groups, kg),
         lambda n, h, w, g, j: te.sum(_mul_acc(pixel(n, h, w, g * cg + c), weight[r, s, c, g * kg + j], out_dtype),
@@ -361,7 +361,7 @@ def replicated_group_conv(src, weight, groups: int, stride: int, dilation: int, 
     N, H, W, C = (int(d) for d in src.shape)
     R, S, cg, K = (int(d) for d in weight.shape)
     kg = K // groups
-    OH, OW = ((H - dilation * (R - 1) - 1) // stride + 1, (W - dilation * (S - 1) - 1) // stride + 1)
+    OH, OW = conv_out_size(H, R, stride, 0, dilation), conv_out_size(W, S, stride, 0, dilation)  # src is padded
     r, s, c = te.reduce_axis((0, R), name="r"), te.reduce_axis((0, S), name="s"), te.reduce_axis((0, cg), name="c")
     rep = te.compute((N, H, W, cg, K), lambda n, h, w, c, k: src[n, h, w, (k // kg) * cg + c], name="group_rep",
                      attrs={LANE_RUN: kg})
