@@ -35,13 +35,17 @@ def _rms_norm(x, g):
 
 def cases():
     """name -> (ONNX op, input shape); attention softmaxes of BERT-base and of the tests' block, a
-    classifier's, a GPT-2 decode step's over a 33-token KV; layer / RMS norms of 768 and 4096 wide rows."""
+    classifier's, a GPT-2 decode step's over a 33-token KV, ViT-B/16's over 197 tokens and Swin-T's over
+    49-token windows (prime rows); layer / RMS norms of 768 and 4096 wide rows and Swin-T's 96 channels."""
     return {
         "softmax_bert_12x128x128": ("Softmax", (1, 12, 128, 128)),
         "softmax_block_3x77x77": ("Softmax", (1, 3, 77, 77)),
         "softmax_classifier_1000": ("Softmax", (1, 1000)),
         "softmax_decode_12x1x33": ("Softmax", (1, 12, 1, 33)),
+        "softmax_vit_12x197x197": ("Softmax", (1, 12, 197, 197)),
+        "softmax_swin_192x49x49": ("Softmax", (64, 3, 49, 49)),
         "layer_norm_128x768": ("LayerNormalization", (1, 128, 768)),
+        "layer_norm_swin_3136x96": ("LayerNormalization", (1, 3136, 96)),
         "layer_norm_decode_768": ("LayerNormalization", (1, 1, 768)),
         "rms_norm_128x768": ("RMSNormalization", (1, 128, 768)),
         "rms_norm_decode_4096": ("RMSNormalization", (1, 1, 4096)),

@@ -17,6 +17,7 @@ from roller.models import frontend
 from roller.tir.compile import target_for  # noqa: E402
 from roller.models.relax_pass import ScheduleModule, is_scheduled  # noqa: E402
 from roller.models.rules import Declined, GenericRule, RollerRule, RowWiseRule, Scheduled  # noqa: E402
+from roller.plan.rows import lane_tree  # noqa: E402
 
 import onnx_models  # noqa: E402  (tests/ is on sys.path under pytest)
 from relax_helpers import _graph  # noqa: E402
@@ -226,8 +227,11 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
     alloc = next(ln for ln in compact.splitlines() if "T_fast_exp = T.sblock_alloc_buffer" in ln)
     assert "((1, 64))" in alloc, alloc  # not 8 x 64 (indices narrowed to int32 by the analysis)
     lanes = device.units.lanes("float32")
-    partial = [ln for ln in compact.splitlines() if "_rf = T.sblock_alloc_buffer" in ln]
-    assert len(partial) == 2 and all(f"((1, {lanes}))" in ln for ln in partial), partial
+    # each reduction's partial sums: one vector, then the tree summing them across the lanes (halves)
+    partial = sorted(ln.split("sblock_alloc_buffer(")[1].split(")")[0] for ln in compact.splitlines()
+                     if "_rf" in ln and "sblock_alloc_buffer" in ln)
+    tree = (lanes,) + lane_tree(lanes)
+    assert partial == sorted(f"(1, {n}" for n in tree for _ in range(2)), partial
     import tvm
 
     asm = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
@@ -238,10 +242,44 @@ def test_row_wise_schedule_is_parallel_vectorized_and_keeps_rows_in_cache(device
 def test_row_plan_reduction_lanes():
     from roller.plan.rows import reduction_lanes
 
-    assert reduction_lanes(768, 16) == 16
-    assert reduction_lanes(77, 16) == 11  # 7 x 11: no partial vector, whose predicate compute_at would drop
-    assert reduction_lanes(97, 16) == 1   # prime: the reduction runs scalar
-    assert reduction_lanes(10, 16) == 10  # shorter than a vector: the whole row
+    assert reduction_lanes(768, 16) == (16, 768)
+    assert reduction_lanes(77, 16) == (11, 77)   # 7 x 11: no padding
+    assert reduction_lanes(97, 16) == (16, 112)  # prime: padded to whole vectors
+    assert reduction_lanes(10, 16) == (10, 10)   # shorter than a vector: the whole row
+    assert lane_tree(16) == (8, 4, 2) and lane_tree(8) == (4, 2) and lane_tree(11) == () and lane_tree(2) == ()
+
+
+@pytest.mark.parametrize("cols", [197, 49])
+def test_a_prime_row_reduces_in_whole_vectors_over_its_padding(device, cols):
+    """Softmax over rows of a prime length (ViT's 197 tokens, Swin's 49-token windows): both reductions
+    keep vector partial sums over the row padded to whole vectors (the padding lanes the identity, -max
+    and 0), the loop over the vectors split so that its whole vectors load without a bound, and the
+    result is numpy's softmax."""
+    import tvm
+
+    rows = 6
+    model = _graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": (rows, cols)}, (rows, cols))
+    (func,) = _fused(model, device).values()
+    out = RowWiseRule().apply(func, device)
+    assert isinstance(out, Scheduled), out
+    lanes = device.units.lanes("float32")
+    assert set(out.plan["vector_reductions"]) == {"T_softmax_maxelem", "T_softmax_expsum"}, out.notes
+    assert out.plan["reduction_lanes"] == lanes and out.plan["reduction_cols"] == -(-cols // lanes) * lanes
+    assert not out.notes
+    f = out.schedule.mod["main"].with_attr("global_symbol", "main")
+    from roller.tir.compile import compile_for
+
+    lib = compile_for(tvm.IRModule({"main": f}), target_for(device))
+    # inputs whose exp underflows unless the max is theirs: a padding lane that won the max (or added to
+    # the sum) would show
+    x = np.random.default_rng(0).normal(-150.0, 4.0, (rows, cols)).astype("float32")
+    y = tvm.runtime.tensor(np.zeros((rows, cols), "float32"))
+    lib["main"](tvm.runtime.tensor(x), y)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    # whole vectors read the input as vectors: no lane-by-lane loads at clamped indices
+    ll = lib.mod.inspect_source("ll")
+    assert f"extractelement <{lanes} x i32>" not in ll and f"llvm.smin.v{lanes}i32" not in ll
 
 
 def test_row_wise_rule_declines_other_functions_with_reasons(device):

@@ -22,9 +22,9 @@ ELEMENTWISE, REDUCTION, PER_ROW, PROLOGUE = "elementwise", "reduction", "per_row
 # this many flops a point (a subtraction, a cast); dearer ones (exp: ~20) are computed once into the
 # row buffer and read back from L1.
 INLINE_FLOPS = 2
-# Cycles a reduction spends summing its vector of partial sums across the lanes, per lane (a shuffle and
-# an add each; the write-back is scalar); once per row.
-LANE_SUM_CYCLES = 1.0
+# Cycles a reduction spends on each step of summing its partial sums across the lanes (a dependent
+# shuffle and add, :func:`lane_tree`); once per row.
+LANE_STEP_CYCLES = 4.0
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,10 @@ class RowPlan:
     output). Elementwise blocks run in vectors of ``lanes``; where a row is not a whole number of them
     (``tail``) lowering splits the last, partial vector off. ``vector_reductions`` keep
     ``reduction_lanes`` partial sums (rfactor) in a buffer of rank ``reduction_ndim[name] + 1`` (lanes
-    last): a divisor of the row, since a partial last vector would need a predicate that TVM's
-    compute_at drops; the other reductions run scalar. ``parallel``: the fused row loop runs over the
-    cores (``row_axes == 0``: one row, no row loop).
+    last). Where ``reduction_cols`` exceeds the row, the reductions run over that many columns, whole
+    vectors, the padding lanes reading the reduction's identity (a partial last vector would need a
+    predicate, which TVM's compute_at drops). The other reductions run scalar. ``parallel``: the fused
+    row loop runs over the cores (``row_axes == 0``: one row, no row loop).
     """
 
     row_axes: int
@@ -88,6 +89,7 @@ class RowPlan:
     reductions: tuple[str, ...]
     vector_reductions: tuple[str, ...]
     reduction_lanes: int
+    reduction_cols: int
     reduction_ndim: dict
     tail: bool
     parallel: bool
@@ -96,16 +98,29 @@ class RowPlan:
     def to_dict(self) -> dict:
         return {"row_axes": self.row_axes, "lanes": self.lanes, "blocks": list(self.blocks),
                 "inlined": list(self.inlined), "vector_reductions": list(self.vector_reductions),
-                "reduction_lanes": self.reduction_lanes, "tail": self.tail, "parallel": self.parallel,
-                "predicted_seconds": self.predicted_seconds}
+                "reduction_lanes": self.reduction_lanes, "reduction_cols": self.reduction_cols,
+                "tail": self.tail, "parallel": self.parallel, "predicted_seconds": self.predicted_seconds}
 
 
-def reduction_lanes(cols: int, lanes: int) -> int:
-    """Partial sums per row: the largest divisor of the row that is at most one vector and at least
-    half of one (or the whole row when it is shorter than a vector); 1 (scalar) when there is none."""
+def reduction_lanes(cols: int, lanes: int) -> tuple[int, int]:
+    """(partial sums per row, columns the reduction runs over): the largest divisor of the row that is
+    at most one vector and at least half of one, over the row (the whole row when it is shorter than a
+    vector); where there is none, one vector over the row padded to whole vectors."""
     if cols <= lanes:
-        return cols
-    return next((d for d in range(lanes, lanes // 2 - 1, -1) if cols % d == 0), 1)
+        return cols, cols
+    d = next((d for d in range(lanes, lanes // 2 - 1, -1) if cols % d == 0), None)
+    return (d, cols) if d else (lanes, -(-cols // lanes) * lanes)
+
+
+def lane_tree(lanes: int) -> tuple[int, ...]:
+    """The partial sums left after each vector step of summing ``lanes`` of them across the lanes: the
+    upper half added onto the lower while they are an even number of at least 4 (16 -> 8, 4, 2); the
+    last ones are summed in scalar."""
+    steps = []
+    while lanes >= 4 and lanes % 2 == 0:
+        lanes //= 2
+        steps.append(lanes)
+    return tuple(steps)
 
 
 def plan_rows(fn: RowFunction, device: Device) -> RowPlan:
@@ -116,21 +131,24 @@ def plan_rows(fn: RowFunction, device: Device) -> RowPlan:
                                               and (b.readers == 1 or b.expr.flops_per_point <= INLINE_FLOPS)))
     kept = tuple(b.name for b in fn.blocks if b.name not in inlined)
     reductions = tuple(b.name for b in fn.reductions)
-    red_lanes = reduction_lanes(fn.cols, lanes)
+    red_lanes, red_cols = reduction_lanes(fn.cols, lanes)
+    if red_cols > fn.cols and any(len(b.expr.reduce_axes) != 1 for b in fn.reductions):
+        red_lanes, red_cols = 1, fn.cols  # padding extends a single reduction loop only
     vector = reductions if red_lanes > 1 else ()
     return RowPlan(row_axes=fn.row_axes, lanes=lanes, blocks=kept, inlined=inlined, reductions=reductions,
-                   vector_reductions=vector, reduction_lanes=red_lanes,
+                   vector_reductions=vector, reduction_lanes=red_lanes, reduction_cols=red_cols,
                    reduction_ndim={b.name: b.output_ndim for b in fn.reductions},
                    tail=fn.cols > lanes and fn.cols % lanes != 0, parallel=fn.rows > 1,
-                   predicted_seconds=predict_rows(fn, device, inlined, vector, red_lanes))
+                   predicted_seconds=predict_rows(fn, device, inlined, vector, red_lanes, red_cols))
 
 
 def predict_rows(fn: RowFunction, device: Device, inlined: tuple[str, ...], vector: tuple[str, ...],
-                 red_lanes: int) -> float:
+                 red_lanes: int, red_cols: int) -> float:
     """The model's time for a plan: the parameters move once between memory and the cores (the
     intermediate rows stay in L1), the flops of every block (an inlined block's once per reader) run
-    in vectors of lanes where the plan vectorizes them, the partial sums are summed across lanes once
-    per row, the rows spread over the cores."""
+    in vectors of lanes where the plan vectorizes them (a vector reduction's over its padded row), the
+    partial sums are summed across lanes once per row (a dependent step each of :func:`lane_tree`), the
+    rows spread over the cores."""
     units = max(1, min(device.units.count, fn.rows))
     lanes = device.units.lanes(fn.dtype)
     # the shared level the data lives in: the first whose usable capacity holds the parameters
@@ -141,9 +159,11 @@ def predict_rows(fn: RowFunction, device: Device, inlined: tuple[str, ...], vect
     work = 0.0
     for b in fn.blocks:
         times = b.readers if b.name in inlined else 1
-        flops = b.expr.flops * times
+        flops = b.expr.flops * times * (red_cols / fn.cols if b.name in vector else 1)
         width = min(lanes, fn.cols) if b.kind == ELEMENTWISE else red_lanes if b.name in vector else 1
         work += flops / (scalar_rate * width)
-    lane_sums = len(vector) * fn.rows * red_lanes * LANE_SUM_CYCLES * cycle_seconds(device)
+    tree = lane_tree(red_lanes)
+    steps = len(tree) + (tree[-1] if tree else red_lanes)
+    lane_sums = len(vector) * fn.rows * steps * LANE_STEP_CYCLES * cycle_seconds(device)
     compute = (work + lane_sums) / units
     return max(memory, compute) + launch_seconds(device, units)

@@ -11,15 +11,22 @@ normalization), the last one writing the output. The plan (:class:`roller.plan.r
   instead of a tensor in memory;
 - cheap intermediate blocks read once are inlined into their consumer (``x - max`` into ``exp``);
 - each block's column loop is split into vectors of lanes: an elementwise block's lanes are vectorized,
-  a reduction's lanes become vector partial sums (``rfactor``), summed across lanes once per row;
+  a reduction's lanes become vector partial sums (``rfactor``), summed across lanes once per row in a
+  tree of vector steps (:func:`roller.plan.rows.lane_tree`);
 - where a row is not a whole number of vectors, lowering splits the last, partial vector off
-  (loop-partition hints) so that the whole vectors stay vectorized.
+  (loop-partition hints) so that the whole vectors stay vectorized; a reduction over such a row runs
+  over the row padded to whole vectors (:func:`padded_reductions`).
 """
 from __future__ import annotations
 
 from roller.errors import BuildError
-from roller.plan.rows import RowPlan
-from roller.tir.schedutil import split_vectors
+from roller.plan.rows import RowPlan, lane_tree
+from roller.tir.schedutil import PARTITION_HINT, split_vectors
+
+
+# Block annotations that mark, until the blocks are placed, partial sums and their lanes (and those over
+# a padded row); removed once read.
+_LANES, _PADDED = "roller_partial_sum_lanes", "roller_padded_row"
 
 
 def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
@@ -28,50 +35,89 @@ def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
     import tvm
 
     notes = notes if notes is not None else []
-    sch = tvm.s_tir.Schedule(reciprocal_divisions(func, plan.row_axes))
+    func, padded = padded_reductions(reciprocal_divisions(func, plan.row_axes), plan.vector_reductions,
+                                     plan.reduction_cols)
+    sch = tvm.s_tir.Schedule(func)
     for name in plan.inlined:
         sch.compute_inline(sch.get_sblock(name))
     rows = plan.row_axes
     # Reductions first, while each block still has its own loop nest (rfactor needs the reduction block
     # to be the first child of its loop; after compute_at it would hoist the partial sums out of the row
     # loop): the columns fused and split into vectors of partial sums.
-    rf_of: dict[str, str] = {}  # rf block -> its write-back (the original reduction block)
     for name in plan.reductions:
         block = sch.get_sblock(name)
         cols = sch.get_loops(block)[rows:]
         col = sch.fuse(*cols) if len(cols) > 1 else cols[0]
         if name not in plan.vector_reductions:
-            notes.append(f"{name}: the reduction runs scalar (no divisor of the row fills half a vector)")
+            notes.append(f"{name}: the reduction runs scalar (its columns span several loops, which "
+                         "padding to whole vectors does not extend)")
+            continue
+        if int(sch.get(col).extent) % plan.reduction_lanes:  # a predicate compute_at would drop
+            notes.append(f"{name}: the reduction runs scalar (not of a form padded_reductions pads)")
             continue
         _, lane = sch.split(col, [None, plan.reduction_lanes])
         # the partial sums keep the default scope: computed at the row loop they become a stack array of
         # one vector (registers after LLVM); a "local" buffer was allocated through
         # TVMBackendAllocWorkspace on every row (docs/design-notes.md#rows-schedule_rows)
         rf = sch.rfactor(lane, factor_axis=plan.reduction_ndim[name])
-        rf_of[sch.get(rf).name_hint] = name
-    order = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+        sch.annotate(rf, _LANES, plan.reduction_lanes)
+        if name in padded:
+            sch.annotate(rf, _PADDED, 1)
+        _lane_tree(sch, block, plan.reduction_lanes, plan.reduction_ndim[name])
+    order = sch.get_child_blocks(sch.get_sblock("root"))
     if rows:
-        loops = sch.get_loops(sch.get_sblock(order[-1]))
+        loops = sch.get_loops(order[-1])
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        for name in reversed(order[:-1]):
-            sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
+        for block in reversed(order[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=True)
         if plan.parallel:
             sch.parallel(row)
-    for name in order:
-        block = sch.get_sblock(name)
+    for block in order:
+        stmt = sch.get(block)
         inner = sch.get_loops(block)[1 if rows else 0:]
-        if name in rf_of:
-            _vector_partial_sums(sch, block, inner, plan.reduction_lanes, name)
-        elif name in plan.reductions:
-            if rows == 0 or name in plan.vector_reductions:  # a write-back's init above its lanes loop
+        if _LANES in stmt.annotations:  # partial sums, or a level of their tree
+            lanes, tail = int(stmt.annotations[_LANES]), _PADDED in stmt.annotations
+            for key in (_LANES, _PADDED) if tail else (_LANES,):
+                sch.unannotate(block, key)
+            _vector_partial_sums(sch, block, inner, lanes, stmt.name_hint, tail)
+        elif stmt.name_hint in plan.reductions:
+            if rows == 0 or stmt.name_hint in plan.vector_reductions:  # a write-back's init above its lanes
                 sch.decompose_reduction(block, inner[0])
         elif inner:  # elementwise (per-row blocks have no loop of their own under the row)
             _vectorize_columns(sch, inner, plan.lanes, plan.tail)
     return sch
 
 
-def _vector_partial_sums(sch, block, inner, lanes: int, name: str) -> None:
-    """The rf block's lanes go innermost and are vectorized; its init goes above the columns' loop."""
+def _lane_tree(sch, write_back, lanes: int, ndim: int) -> None:
+    """The write-back of ``lanes`` partial sums made a tree (:func:`roller.plan.rows.lane_tree`): each step
+    another rfactor, a block of half as many partial sums (annotated with its lanes) that folds the upper
+    half onto the lower in one vector operation. The scalar chain across the lanes, a dependent operation
+    a lane, becomes log2(lanes) vector steps and a last pair."""
+    from tvm import tirx
+
+    for half in lane_tree(lanes):
+        stmt = sch.get(write_back)
+        reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+        loop = next(lp for lp in sch.get_loops(write_back)
+                    if any(_binds(sch, write_back, lp, v) for v in reduce_vars))
+        _, inner = sch.split(loop, [2, half])
+        sch.annotate(sch.rfactor(inner, factor_axis=ndim), _LANES, half)
+
+
+def _binds(sch, block, loop, var) -> bool:
+    """Whether ``block``'s iter var ``var`` is bound to exactly the variable of ``loop``."""
+    from tvm import tirx
+    from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+
+    stmt, values = sch.get(block), get_sblockrealize(sch, block).iter_values
+    loop_var = sch.get(loop).loop_var
+    return any(iv.var.same_as(var) and isinstance(val, tirx.Var) and val.same_as(loop_var)
+               for iv, val in zip(stmt.iter_vars, values))
+
+
+def _vector_partial_sums(sch, block, inner, lanes: int, name: str, padded: bool) -> None:
+    """The rf block's lanes go innermost and are vectorized; its init goes above the columns' loop. Over a
+    ``padded`` row (:func:`padded_reductions`) lowering splits the last vector off."""
     from tvm import tirx
     from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
@@ -93,6 +139,8 @@ def _vector_partial_sums(sch, block, inner, lanes: int, name: str) -> None:
                          f"{len(inner)} loops")
     sch.reorder(red, lane)
     sch.vectorize(lane)
+    if padded:
+        sch.annotate(red, PARTITION_HINT, 1)
     sch.decompose_reduction(block, red)
 
 
@@ -106,6 +154,76 @@ def _vectorize_columns(sch, inner, lanes: int, tail: bool) -> None:
     if n > lanes:
         _, col = split_vectors(sch, col, lanes, tail)
     sch.vectorize(col)
+
+
+def padded_reductions(func, names: tuple[str, ...], cols: int):
+    """(``func``, the names of the blocks padded): each reduction block in ``names`` whose one reduction
+    loop (k, extent n) is shorter than ``cols`` runs over ``cols`` and folds in
+    ``if_then_else(likely(k < n), value, identity)``, the identity being what its init stores.
+
+    rfactor over whole vectors then needs no predicate (compute_at would drop one). if_then_else only
+    evaluates the branch taken, so the padding reads nothing; the block's declared reads are clamped to
+    ``min(k, n - 1)``, the elements it does read. Lowering splits the last vector off the others (the
+    partition hint on the loop over vectors): there ``likely`` holds and the whole vectors load as
+    vectors. Blocks of another form are left as they are."""
+    import tvm
+    import tvm_ffi
+    from tvm import ir, tirx
+    from tvm.s_tir.stmt import SBlock, SBlockRealize
+
+    loops: dict = {}  # loop var -> padded extent
+    done: set[str] = set()
+
+    def pad(realize):
+        block = realize.block
+        red = [i for i, iv in enumerate(block.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
+        body, init = block.body, block.init
+        if block.name_hint not in names or len(red) != 1 or not isinstance(body, tirx.BufferStore) \
+                or not isinstance(init, tirx.BufferStore) \
+                or not isinstance(init.value, (tirx.FloatImm, tirx.IntImm)):
+            return realize
+        (r,) = red
+        iv, loop = block.iter_vars[r], realize.iter_values[r]
+        n = int(iv.dom.extent)
+        acc = body.value
+        # the combiner: op(self, value) with self the load of what the block stores
+        if n >= cols or not isinstance(loop, tirx.Var) or not isinstance(acc, (tirx.Add, tirx.Max, tirx.Min)):
+            return realize
+        self_load = [x for x in (acc.a, acc.b)
+                     if isinstance(x, ir.expr.TensorLoad) and x.source.same_as(body.buffer)
+                     and all(tvm_ffi.structural_equal(i, j) for i, j in zip(x.indices, body.indices))]
+        if not self_load:
+            return realize
+        value = acc.b if self_load[0].same_as(acc.a) else acc.a
+        k = iv.var
+
+        def clamp(e):
+            return tvm_ffi.structural_map(e, [(tirx.Var, lambda v: tirx.min(v, n - 1) if v.same_as(k) else v)])
+
+        folded = tirx.if_then_else(tirx.likely(k < n), value, init.value)
+        new_acc = type(acc)(self_load[0], folded)
+        reads = [tirx.BufferRegion(br.source, [tvm.ir.Range.from_min_extent(clamp(rg.min), rg.extent)
+                                               for rg in br.region]) for br in block.reads]
+        iter_vars = list(block.iter_vars)
+        iter_vars[r] = tirx.IterVar(tvm.ir.Range(0, cols), k, tirx.IterVar.CommReduce)
+        new = SBlock(iter_vars, reads, block.writes, block.name_hint,
+                     tirx.BufferStore(body.buffer, new_acc, body.indices), init,
+                     block.alloc_buffers, block.match_buffers, block.annotations, block.span)
+        loops[loop] = cols
+        done.add(block.name_hint)
+        return SBlockRealize(realize.iter_values, realize.predicate, new)
+
+    func = tvm_ffi.structural_map(func, [(SBlockRealize, pad)])
+    if not loops:
+        return func, frozenset()
+
+    def extend(loop):
+        if loop.loop_var in loops:
+            return tirx.For(loop.loop_var, loop.min, loops[loop.loop_var], loop.kind, loop.body,
+                            loop.thread_binding, loop.annotations)
+        return loop
+
+    return tvm_ffi.structural_map(func, [(tirx.For, extend)]), frozenset(done)
 
 
 def reciprocal_divisions(func, row_axes: int):
