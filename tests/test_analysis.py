@@ -119,6 +119,16 @@ def test_add_relu_inlines_one_stage(M, N):
     assert e.block == "C" and "T_add" not in a.func.script()
 
 
+def test_a_repeated_subexpression_counts_once():
+    """Flops as the compiler computes them: ``t = a * 2`` written three times is one multiplication
+    (TVM's fast exp repeats its clamp a dozen times); distinct operations on the same operands all count."""
+    a = te.placeholder((8, 16), name="a")
+    twice = te.compute((8, 16), lambda i, j: a[i, j] * 2.0 + (a[i, j] * 2.0) * (a[i, j] * 2.0), name="c")
+    assert analyze(te.create_prim_func([a, twice])).expr.flops_per_point == 3  # *, *, + (5 as written)
+    other = te.compute((8, 16), lambda i, j: a[i, j] * 2.0 + a[i, j] * 3.0 + a[i, j] * 2.0, name="d")
+    assert analyze(te.create_prim_func([a, other])).expr.flops_per_point == 4  # *2, *3, +, + (*2 once)
+
+
 def test_fuse_axes_on_analysis():
     fused = fuse_axes(analyze(ops.add_relu(17, 33)).expr)
     assert [(a.extent, a.parts) for a in fused.axes] == [(561, (("m", 17), ("n", 33)))]
