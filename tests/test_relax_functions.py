@@ -220,7 +220,8 @@ def test_clip_after_conv_is_the_convs_epilogue(device):
 def test_hardswish_and_hardsigmoid_after_conv_are_its_epilogue(device):
     """MobileNetV3's HardSwish and HardSigmoid import as Relax's clip, which the NHWC layout conversion
     wrapped in two transposes (26 functions of their own at batch 8, 2.8 of 19.8 ms); as maximum then
-    minimum they are the convolution's epilogue."""
+    minimum they are the convolution's epilogue. HardSwish's division by 6 is a multiplication by 1 / 6
+    (no vector division in the kernel)."""
     rng = np.random.default_rng(5)
     x, w, b = rng.normal(size=(1, 8, 10, 10)), rng.normal(size=(16, 8, 3, 3)), rng.normal(size=16)
     conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
@@ -235,6 +236,7 @@ def test_hardswish_and_hardsigmoid_after_conv_are_its_epilogue(device):
         fused = [n for n in names if "conv2d" in n]
         assert len(fused) == 1 and "maximum" in fused[0] and "minimum" in fused[0], names
         assert not any("clip" in n for n in names) and sum("transpose" in n for n in names) <= 2, names
+        assert not any("divide" in n for n in names), names
 
 
 def test_multi_output_function(device):
@@ -342,6 +344,21 @@ def test_weights_that_outgrow_the_caches_are_planned_from_memory(device):
     cm = roller.compile_model(model, cold, cache=False)
     (out,) = cm.run({"x": x})
     np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_division_by_a_constant_is_a_multiplication_by_its_reciprocal(device):
+    """x / c with c a constant (per channel here) runs as x * (1 / c), within an ulp or two of the
+    division; a constant with a zero keeps its division (and its infinities)."""
+    x = np.random.default_rng(3).normal(size=(4, 6, 8)).astype(np.float32)
+    for c, rewritten in [(np.array([2, 3, 0.5, 7, -6, 1e-3, 9, 11], np.float32), True),
+                         (np.array([2, 3, 0, 7, -6, 1e-3, 9, 11], np.float32), False)]:
+        model = _graph([helper.make_node("Div", ["x", "c"], ["y"])], {"x": x.shape}, x.shape, [("c", c)])
+        cm = roller.compile_model(model, device, cache=False)
+        with np.errstate(divide="ignore"):
+            want = x / c
+        np.testing.assert_allclose(cm.run({"x": x})[0], want, rtol=1e-6, atol=0)
+        names = [r.name for r in cm.report]
+        assert any("divide" in n for n in names) != rewritten, names
 
 
 def test_power_by_three_becomes_products(device):

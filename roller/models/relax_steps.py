@@ -206,26 +206,46 @@ _POWER_BY_PRODUCTS = (2.0, 3.0, 4.0)
 
 
 def _vectorizable_math(mod, _ctx):
-    """Rewrites what LLVM would compute lane by lane through libm into what vectorizes:
-    ``relax.sigmoid(x)`` as ``1 / (1 + exp(-x))``, whose exp FastMathTransform then turns into TVM's
-    fast_exp (EfficientNet-B0's SiLU epilogues made its convolutions 3-8x slower than onnxruntime's;
-    fast_exp clamps its argument to +-88.4, so large |x| still give 0 and 1), and ``relax.power(x, c)``
-    for c in :data:`_POWER_BY_PRODUCTS` as ``x * x (* x ...)``."""
+    """Rewrites what LLVM would compute lane by lane through libm, or at a division's rate, into what
+    vectorizes at the rate of a multiply-add:
+
+    - ``relax.sigmoid(x)`` as ``1 / (1 + exp(-x))``, whose exp FastMathTransform then turns into TVM's
+      fast_exp (EfficientNet-B0's SiLU epilogues made its convolutions 3-8x slower than onnxruntime's;
+      fast_exp clamps its argument to +-88.4, so large |x| still give 0 and 1);
+    - ``relax.power(x, c)`` for c in :data:`_POWER_BY_PRODUCTS` as ``x * x (* x ...)``;
+    - ``x / c`` for a float constant c as ``x * (1 / c)`` (HardSwish's ``/ 6``: a vector division costs
+      several multiply-adds' issue slots, and LLVM keeps it where 1 / c is inexact; within an ulp or two
+      of the division)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     sigmoid, power = tvm.ir.Op.get("relax.sigmoid"), tvm.ir.Op.get("relax.power")
+    divide = tvm.ir.Op.get("relax.divide")
 
     @mutator
     class _Rewrite(PyExprMutator):
-        def exponent(self, arg):
+        def constant(self, arg):
+            """The value of a Relax constant argument (through its binding), else None."""
             if isinstance(arg, relax.Var):
                 arg = self.lookup_binding(arg)
-            if not isinstance(arg, tvm.ir.expr.Constant) or arg.value.numpy().size != 1:
+            return arg.value.numpy() if isinstance(arg, tvm.ir.expr.Constant) else None
+
+        def exponent(self, arg):
+            value = self.constant(arg)
+            if value is None or value.size != 1:
                 return None
-            value = float(arg.value.numpy().reshape(()))
+            value = float(value.reshape(()))
             return int(value) if value in _POWER_BY_PRODUCTS else None
+
+        def reciprocal(self, arg):
+            """1 / c as a Relax constant for a float constant divisor c whose reciprocal is finite."""
+            value = self.constant(arg)
+            if value is None or value.dtype.kind != "f" or not np.all(value != 0):
+                return None
+            with np.errstate(over="ignore"):
+                inverse = (1.0 / value.astype(np.float64)).astype(value.dtype)
+            return relax.const(inverse, str(value.dtype)) if np.all(np.isfinite(inverse)) else None
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
@@ -235,6 +255,9 @@ def _vectorizable_math(mod, _ctx):
                 x = call.args[0]
                 one = relax.const(1.0, str(call.ty.dtype))
                 return relax.op.divide(one, relax.op.add(one, relax.op.exp(relax.op.negative(x))))
+            if call.op.same_as(divide) and self.constant(call.args[0]) is None:
+                inverse = self.reciprocal(call.args[1])
+                return call if inverse is None else relax.op.multiply(call.args[0], inverse)
             if call.op.same_as(power) and str(call.ty.dtype).startswith("float"):
                 n = self.exponent(call.args[1])
                 if n is None or static_dims(call.ty) is None or static_dims(call.ty) != static_dims(call.args[0].ty):
