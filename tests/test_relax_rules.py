@@ -173,6 +173,10 @@ def test_rules_keep_no_state_and_the_pass_reports_why_a_rule_declined(device):
     before = [copy.copy(vars(r)) for r in rules]
     first = rules[0].apply(mm, device)
     assert isinstance(first, Scheduled) and first.plan and "tiles" in first.plan, first
+    # the report's plan says how the grid covers the operator and what the kernel prefetches
+    top = list(first.plan["tiles"].values())[-1]
+    assert all(first.plan["grid"].get(a, 1) * top[a] >= n for a, n in first.plan["axes"].items()), first.plan
+    assert isinstance(first.plan["balanced"], bool) and isinstance(first.plan["prefetched"], list)
     declined = rules[0].apply(symbolic, device)
     assert isinstance(declined, Declined) and "symbolic" in declined.reason
     assert isinstance(rules[3].apply(symbolic, device), Scheduled)
