@@ -253,9 +253,10 @@ def test_row_plan_reduction_lanes():
     assert lane_tree(16) == (8, 4, 2) and lane_tree(8) == (4, 2) and lane_tree(11) == () and lane_tree(2) == ()
 
 
-@pytest.mark.parametrize("cols", [197, 49])
+@pytest.mark.parametrize("cols", [197, 53])
 def test_a_prime_row_reduces_in_whole_vectors_over_its_padding(device, cols):
-    """Softmax over rows of a prime length (ViT's 197 tokens, Swin's 49-token windows): both reductions
+    """Softmax over rows of a prime length (ViT's 197 tokens; Swin's 49-token windows are padded alike
+    on 16 lanes, but 7 divides them on 8, so 53 here to be padded on both): both reductions
     keep vector partial sums over the row padded to whole vectors (the padding lanes the identity, -max
     and 0), the loop over the vectors split so that its whole vectors load without a bound, and the
     result is numpy's softmax."""
@@ -284,6 +285,30 @@ def test_a_prime_row_reduces_in_whole_vectors_over_its_padding(device, cols):
     # whole vectors read the input as vectors: no lane-by-lane loads at clamped indices
     ll = lib.mod.inspect_source("ll")
     assert f"extractelement <{lanes} x i32>" not in ll and f"llvm.smin.v{lanes}i32" not in ll
+
+
+def test_a_row_over_several_loops_with_no_divisor_runs_scalar_and_right(device):
+    """x - mean(x over two axes) with rows of 2 x 17 = 34 columns: no divisor between half a vector and one
+    (8 or 16 lanes), and padding extends one reduction loop only, so the mean's sum runs scalar (the plan
+    and the note say so); the result is numpy's."""
+    import tvm
+
+    from roller.tir.compile import compile_for
+
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=1, axes=[1, 2]),
+             helper.make_node("Sub", ["x", "m"], ["y"])]
+    model = _graph(nodes, {"x": (3, 2, 17)}, (3, 2, 17))
+    (func,) = _fused(model, device).values()
+    out = RowWiseRule().apply(func, device)
+    assert isinstance(out, Scheduled), out
+    assert out.plan["cols"] == 34 and out.plan["vector_reductions"] == [] and out.plan["reduction_cols"] == 34
+    assert any("runs scalar" in n for n in out.notes), out.notes
+    lib = compile_for(tvm.IRModule({"main": out.schedule.mod["main"].with_attr("global_symbol", "main")}),
+                      target_for(device))
+    x = np.random.default_rng(1).normal(size=(3, 2, 17)).astype("float32")
+    y = tvm.runtime.tensor(np.zeros_like(x))
+    lib["main"](tvm.runtime.tensor(x), y)
+    np.testing.assert_allclose(y.numpy(), x - x.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_row_wise_rule_declines_other_functions_with_reasons(device):

@@ -49,8 +49,8 @@ def schedule_rows(func, plan: RowPlan, notes: list[str] | None = None):
         cols = sch.get_loops(block)[rows:]
         col = sch.fuse(*cols) if len(cols) > 1 else cols[0]
         if name not in plan.vector_reductions:
-            notes.append(f"{name}: the reduction runs scalar (its columns span several loops, which "
-                         "padding to whole vectors does not extend)")
+            notes.append(f"{name}: the reduction runs scalar (a row of one column, or columns over several "
+                         "loops, which padding to whole vectors does not extend)")
             continue
         if int(sch.get(col).extent) % plan.reduction_lanes:  # a predicate compute_at would drop
             notes.append(f"{name}: the reduction runs scalar (not of a form padded_reductions pads)")
