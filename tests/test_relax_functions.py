@@ -361,6 +361,35 @@ def test_division_by_a_constant_is_a_multiplication_by_its_reciprocal(device):
         assert any("divide" in n for n in names) != rewritten, names
 
 
+def test_gelu_between_reshapes_is_the_matmuls_epilogue(device):
+    """An exported MLP: Gemm on [tokens, width], Reshape to [1, tokens, width] for GELU (x * 0.5 * (1 +
+    erf(x / sqrt 2))), Reshape back for the next MatMul. The reshapes sink below GELU and cancel, so GELU
+    is the first matmul's epilogue (no function of its own), and the output is numpy's."""
+    rng = np.random.default_rng(7)
+    tokens, width, hidden = 10, 16, 32
+    x = rng.normal(size=(tokens, width)).astype(np.float32)
+    w1, b1 = rng.normal(size=(width, hidden)) * 0.3, rng.normal(size=hidden)
+    w2 = rng.normal(size=(hidden, width)) * 0.3
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
+             helper.make_node("Reshape", ["h", "s3"], ["h3"]),
+             helper.make_node("Div", ["h3", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h3", "e1"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["g"]),
+             helper.make_node("Reshape", ["g", "s2"], ["g2"]), helper.make_node("MatMul", ["g2", "w2"], ["y"])]
+    inits = [("w1", w1), ("b1", b1), ("w2", w2), ("sqrt2", np.array(math.sqrt(2.0))), ("one", np.array(1.0)),
+             ("half", np.array(0.5))]
+    model = _graph(nodes, {"x": x.shape}, (tokens, width), inits)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([1, tokens, hidden], np.int64), "s3"),
+                                    numpy_helper.from_array(np.array([tokens, hidden], np.int64), "s2")])
+    cm = roller.compile_model(model, device, cache=False)
+    h = x.astype(np.float64) @ w1 + b1
+    gelu = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
+    np.testing.assert_allclose(cm.run({"x": x})[0], gelu @ w2, rtol=1e-4, atol=1e-4)
+    names = [r.name for r in cm.report]
+    erf = [n for n in names if "erf" in n]
+    assert len(erf) == 1 and "matmul" in erf[0] and "reshape" not in erf[0], names
+
+
 def test_power_by_three_becomes_products(device):
     """No function computes pow: the frontend's Pow by 3 is x * x * x before legalization."""
     model, feeds, ref, _, _ = _case_gelu_tanh(np.random.default_rng(2))
