@@ -306,10 +306,9 @@ def _sink_reshapes(mod, _ctx):
             return None
 
         def scalar(self, arg):
-            """Whether ``arg`` is a constant of one element (it broadcasts over any shape alike)."""
+            """Whether ``arg`` is a 0-d constant (it broadcasts over any shape alike, keeping it)."""
             value = self.lookup_binding(arg) if isinstance(arg, relax.Var) else arg
-            return isinstance(value, tvm.ir.expr.Constant) and value.value.numpy().size == 1 \
-                and len(value.value.shape) == 0
+            return isinstance(value, tvm.ir.expr.Constant) and len(value.value.shape) == 0
 
         def moved(self, call, args):
             """``call``'s operator on ``args`` (the reshapes' sources), reshaped to ``call``'s shape."""
