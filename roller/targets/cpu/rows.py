@@ -96,44 +96,42 @@ def _lane_tree(sch, write_back, lanes: int, ndim: int) -> None:
     from tvm import tirx
 
     for half in lane_tree(lanes):
-        stmt = sch.get(write_back)
-        reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-        loop = next(lp for lp in sch.get_loops(write_back)
-                    if any(_binds(sch, write_back, lp, v) for v in reduce_vars))
+        loop = next(lp for lp, iv in _bound_iter_vars(sch, write_back, sch.get_loops(write_back))
+                    if iv is not None and iv.iter_type == tirx.IterVar.CommReduce)
         _, inner = sch.split(loop, [2, half])
         sch.annotate(sch.rfactor(inner, factor_axis=ndim), _LANES, half)
 
 
-def _binds(sch, block, loop, var) -> bool:
-    """Whether ``block``'s iter var ``var`` is bound to exactly the variable of ``loop``."""
+def _bound_iter_vars(sch, block, loops) -> list:
+    """(loop, the iter var of ``block`` bound to exactly that loop's variable, or None) for each loop."""
     from tvm import tirx
     from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
     stmt, values = sch.get(block), get_sblockrealize(sch, block).iter_values
-    loop_var = sch.get(loop).loop_var
-    return any(iv.var.same_as(var) and isinstance(val, tirx.Var) and val.same_as(loop_var)
-               for iv, val in zip(stmt.iter_vars, values))
+    out = []
+    for lp in loops:
+        var = sch.get(lp).loop_var
+        out.append((lp, next((iv for iv, val in zip(stmt.iter_vars, values)
+                              if isinstance(val, tirx.Var) and val.same_as(var)), None)))
+    return out
 
 
 def _vector_partial_sums(sch, block, inner, lanes: int, name: str, padded: bool) -> None:
     """The rf block's lanes go innermost and are vectorized; its init goes above the columns' loop. Over a
     ``padded`` row (:func:`padded_reductions`) lowering splits the last vector off."""
     from tvm import tirx
-    from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
     # the lanes: the loop bound to the rf block's spatial iter var of extent ``lanes`` (compute_at
     # made the loops in iter var order, the split at root the other way round); the columns' vectors:
     # the loop bound to its reduce iter var
-    stmt, values = sch.get(block), get_sblockrealize(sch, block).iter_values
     lane = red = None
-    for lp in inner:
-        var = sch.get(lp).loop_var
-        for iv, val in zip(stmt.iter_vars, values):
-            if isinstance(val, tirx.Var) and val.same_as(var):
-                if iv.iter_type == tirx.IterVar.CommReduce:
-                    red = lp
-                elif int(iv.dom.extent) == lanes:
-                    lane = lp
+    for lp, iv in _bound_iter_vars(sch, block, inner):
+        if iv is None:
+            continue
+        if iv.iter_type == tirx.IterVar.CommReduce:
+            red = lp
+        elif int(iv.dom.extent) == lanes:
+            lane = lp
     if lane is None or red is None:
         raise BuildError(f"{name}: no loop of {lanes} lanes and one of vectors among the partial sums' "
                          f"{len(inner)} loops")
