@@ -12,7 +12,7 @@ import pytest
 from roller.builder.api import analyze
 from roller.device.host import cpu_flags
 from roller.device.load import load_device
-from roller.plan.dot import DOT_DEPTH, dot_depth, has_vnni
+from roller.plan.dot import DOT_DEPTH, dot_axis, dot_depth, has_vnni
 from roller.plan.rprogram import RProgram
 from roller.targets import construct
 
@@ -40,6 +40,17 @@ def _matmul(m: int, k: int, n: int, a_dtype: str = "uint8", transposed: bool = F
     return analyze(te.create_prim_func([a, b, c]))
 
 
+def _conv(n: int, size: int, c: int, o: int, k: int, stride: int, pad: int):
+    """A uint8 NHWC activation convolved with an int8 HWIO weight, accumulating in int32 (TOPI's, with its
+    padding stage where ``pad``)."""
+    from tvm import te, topi
+
+    x = te.placeholder((n, size, size, c), "uint8", "X")
+    w = te.placeholder((k, k, c, o), "int8", "B")
+    out = topi.nn.conv2d_nhwc(x, w, stride, pad, 1, out_dtype="int32")
+    return analyze(te.create_prim_func([x, w, out]))
+
+
 def _run(expr, norm, program, device, a, b):
     import tvm
 
@@ -49,7 +60,7 @@ def _run(expr, norm, program, device, a, b):
 
     layouts = program_layouts(expr, program, device)
     packed = pack_constant(layouts["B"], b) if "B" in layouts else b
-    out = tvm.runtime.tensor(np.full((a.shape[0], expr.output.shape[-1]), -7, np.int32))
+    out = tvm.runtime.tensor(np.full(expr.output.shape, -7, np.int32))
     ex = build(norm, expr, program, device)
     ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(packed), out)
     return out.numpy(), ex
@@ -110,6 +121,39 @@ def test_vnni_kernel_is_exact(device, m, k, n, transposed, extreme):
     want = a.astype(np.int64) @ (b.T if transposed else b).astype(np.int64)
     np.testing.assert_array_equal(got, want)
     assert "vpdpbusd" in ex.mod.inspect_source("asm")
+
+
+@needs_vnni
+@pytest.mark.parametrize("n,size,c,o,k,stride,pad", [
+    (1, 14, 64, 64, 3, 1, 1),     # a 3x3 convolution behind its zero padding
+    (1, 9, 32, 48, 3, 2, 0),      # strided, no padding
+    (2, 8, 128, 32, 1, 1, 0),     # 1x1, a batch of two
+])
+def test_vnni_convolution_is_exact(device, n, size, c, o, k, stride, pad):
+    """Convolutions step along their input channels (the activation's contiguous axis) 4 deep, the window's
+    other reduced axes in loops above: exactly numpy's int32 convolution, with vpdpbusd."""
+    from tvm.topi.testing import conv2d_nhwc_python
+
+    expr, norm = _conv(n, size, c, o, k, stride, pad)
+    assert dot_depth(expr, device, "ff") == DOT_DEPTH
+    program = construct(expr, device, 1, frozenset({"B"})).programs[0]
+    assert program.dot_depth == DOT_DEPTH and not program.inlined
+    rng = np.random.default_rng(c + o)
+    a = rng.integers(0, 256, (n, size, size, c)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, k, c, o)).astype(np.int8)
+    got, ex = _run(expr, norm, program, device, a, b)
+    np.testing.assert_array_equal(got, conv2d_nhwc_python(a.astype(np.int64), b.astype(np.int64), stride, pad))
+    assert "vpdpbusd" in ex.mod.inspect_source("asm")
+
+
+def test_convolution_dot_lanes_need_whole_dot_steps_of_channels():
+    """3 input channels (an image) take no 4-deep steps; the channels, not the window, are the dot axis."""
+    vnni = _with_mattr(load_device("x86-avx512"), ["+avx512vnni"])
+    assert dot_depth(_conv(1, 16, 3, 32, 3, 1, 1)[0], vnni, "ff") == 1
+    expr = _conv(1, 16, 8, 32, 3, 1, 1)[0]
+    assert dot_axis(expr, "ff") == "rc" and dot_depth(expr, vnni, "ff") == DOT_DEPTH
+    first = construct(expr, vnni, 1, frozenset({"B"})).programs[0]
+    assert first.dot_depth == DOT_DEPTH and first.tiles[0]["rc"] % DOT_DEPTH == 0
 
 
 @pytest.mark.parametrize("m,k,n", [(7, 42, 48), (9, 64, 40)])

@@ -184,7 +184,8 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         prepacked=prepacked, constants=tuple(t.name for t in expr.inputs if t.name in constants),
         register_transposes=register_transposes(expr, tiles[-1], lanes, prepacked),
         held_grid=held_grid(expr, tiles, vector_axis, lanes, predicated),
-        dot_depth=program_dot_depth(expr, tiles, device, vector_axis, prepacked, padded + predicated), epsilon=epsilon)
+        dot_depth=program_dot_depth(expr, tiles, device, vector_axis, prepacked, padded + predicated, inlined),
+        epsilon=epsilon)
     return dataclasses.replace(program, prefetched=prefetched_inputs(expr, program, device))
 
 

@@ -128,7 +128,7 @@ def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis
     lanes = compute_lanes(expr, device)
     if dot > 1 and chain is not None:
         chain /= dot
-    peak = (device.units.peak("int8") if dot > 1 else device.units.peak(expr.dtype)) * accumulator_efficiency(
+    peak = (device.units.peak("int8") if dot > 1 else device.units.peak(expr.compute_dtype)) * accumulator_efficiency(
         expr, reg, device, vector_axis, chain)
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums:
         peak /= lanes

@@ -38,56 +38,69 @@ def has_vnni(device) -> bool:
 
 def dot_operands(expr: Expr, vector_axis: str | None) -> tuple[TensorAccess, TensorAccess] | None:
     """(activation, weight) of a matmul-class u8 x s8 reduction accumulating in int32 (an epilogue may follow)
-    that dot-product lanes can run with
-    ``vector_axis`` as the lanes, else None: one reduced axis k, two inputs indexed by it, the uint8 one
-    contiguous along k (4 consecutive bytes make the broadcast) and without the vector axis, the int8 one
-    indexed by k and the vector axis each in a dimension of its own; the vector axis is the output's
-    contiguous one; k and the vector axis come in whole dot steps and vectors."""
-    reduce = expr.reduce_axes
-    if (len(reduce) != 1 or (expr.accumulates or expr.output.dtype) != "int32" or expr.flops_per_point != 2
-            or vector_axis is None):
+    that dot-product lanes can run with ``vector_axis`` as the lanes, else None: two inputs, the uint8
+    activation without the vector axis and contiguous along a reduced axis (the dot axis,
+    :func:`dot_axis`: 4 consecutive bytes make the broadcast), the int8 weight indexed by the dot axis, the
+    vector axis and the other reduced axes each in a dimension of its own (a matmul's [K, N], a
+    convolution's [KH, KW, C, O], whose activation window the other reduced axes walk); the vector axis is
+    the output's contiguous one."""
+    reduce = {a.name for a in expr.reduce_axes}
+    if (not reduce or expr.compute_dtype != "int32" or expr.flops_per_point != 2
+            or vector_axis is None or len(expr.inputs) < 2):
         return None
-    k = reduce[0].name
     if expr.axis(vector_axis).kind == REDUCE or expr.output.innermost_axes() != (vector_axis,):
         return None
-    main = [t for t in expr.inputs if k in t.axes]
+    main = [t for t in expr.inputs if t.axes & reduce]
     if len(main) != 2:
         return None
     act = next((t for t in main if t.dtype == "uint8"), None)
     weight = next((t for t in main if t.dtype == "int8"), None)
-    if act is None or weight is None:
+    if act is None or weight is None or vector_axis in act.axes:
         return None
-    if act.innermost_axes() != (k,) or plain_dim(act, k) != len(act.index) - 1 or vector_axis in act.axes:
+    inner = act.innermost_axes()
+    if len(inner) != 1 or inner[0] not in reduce or plain_dim(act, inner[0]) != len(act.index) - 1:
         return None
-    if plain_dim(weight, k) is None or plain_dim(weight, vector_axis) is None or weight.axes != {k, vector_axis}:
+    if not {inner[0], vector_axis} <= weight.axes or weight.axes - reduce - {vector_axis} \
+            or any(plain_dim(weight, a) is None for a in weight.axes):
         return None
     return act, weight
 
 
+def dot_axis(expr: Expr, vector_axis: str | None) -> str | None:
+    """The reduced axis dot-product lanes step along (the activation's contiguous one), else None."""
+    operands = dot_operands(expr, vector_axis)
+    return None if operands is None else operands[0].innermost_axes()[0]
+
+
 def dot_depth(expr: Expr, device, vector_axis: str | None) -> int:
     """:data:`DOT_DEPTH` where plans vectorizing ``vector_axis`` may run dot-product lanes on ``device``
-    (VNNI at its width, :func:`dot_operands`, the reduction a whole number of dot steps and the vector axis
-    of whole vectors), else 1. Tiles then step by it along the reduction at the register level."""
-    if not has_vnni(device) or dot_operands(expr, vector_axis) is None:
+    (VNNI at its width, :func:`dot_operands`, the dot axis a whole number of dot steps and the vector axis
+    of whole vectors), else 1. Tiles then step by it along the dot axis at the register level."""
+    if not has_vnni(device):
         return 1
-    k = expr.reduce_axes[0]
-    lanes = device.units.lanes(expr.dtype)
-    if k.extent % DOT_DEPTH or expr.axis(vector_axis).extent % lanes:
+    k = dot_axis(expr, vector_axis)
+    if k is None:
+        return 1
+    lanes = device.units.lanes(expr.compute_dtype)
+    if expr.axis(k).extent % DOT_DEPTH or expr.axis(vector_axis).extent % lanes:
         return 1
     return DOT_DEPTH
 
 
 def program_dot_depth(expr: Expr, tiles: Sequence[Mapping[str, int]], device, vector_axis: str | None,
-                      prepacked: Sequence[str], overhanging: Sequence[str]) -> int:
+                      prepacked: Sequence[str], overhanging: Sequence[str], inlined: Sequence[str] = ()) -> int:
     """The dot depth a plan with these tiles runs (``RProgram.dot_depth``): :func:`dot_depth` where the weight
     arrives prepacked (the layout vpdpbusd reads is made once, with the constant), the register tile takes
-    whole dot steps, and neither k nor the vector axis overhangs (``overhanging``: the plan's padded and
-    predicated axes; a bound inside the dot step or the vector would need lanes the instruction has not)."""
+    whole dot steps, neither the dot axis nor the vector axis overhangs (``overhanging``: the plan's padded
+    and predicated axes; a bound inside the dot step or the vector would need lanes the instruction has not),
+    and the activation is read as stored (not ``inlined``: a convolution's padding inlined makes each read
+    a guarded value, no 4 bytes to broadcast)."""
     depth = dot_depth(expr, device, vector_axis)
     if depth == 1:
         return 1
-    _, weight = dot_operands(expr, vector_axis)
-    k = expr.reduce_axes[0].name
-    if weight.name not in prepacked or tiles[0][k] % depth or {k, vector_axis} & set(overhanging):
+    act, weight = dot_operands(expr, vector_axis)
+    k = dot_axis(expr, vector_axis)
+    if (weight.name not in prepacked or act.name in inlined or tiles[0][k] % depth
+            or {k, vector_axis} & set(overhanging)):
         return 1
     return depth

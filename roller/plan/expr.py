@@ -151,6 +151,12 @@ class Expr:
         return self.output.dtype
 
     @property
+    def compute_dtype(self) -> str:
+        """The dtype of the arithmetic: what the main block accumulates in (an integer convolution's int32
+        under an epilogue that quantizes to uint8), else the output's."""
+        return self.accumulates or self.output.dtype
+
+    @property
     def in_dtype(self) -> str:
         return self.inputs[0].dtype if self.inputs else self.output.dtype
 

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 
 from roller.errors import BuildError
+from roller.plan.dot import dot_axis
 from roller.plan.expr import REDUCE, Expr, TensorAccess
 from roller.plan.rtile import clamp_tiles, compute_lanes
 from roller.plan.tails import tiling_extents
@@ -70,8 +71,8 @@ def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
     buffer). The kernel walks the tiles of each level spatial axes first, then reduced ones, and a register
     tile reduced axes first, the vector axis last (``codegen.cpu``): the blocks are stored in that order,
     so the kernel's first pass over them streams. Rows along the vector axis are padded to whole vectors.
-    With ``dot`` above 1 (the plan's ``RProgram.dot_depth``) the reduced dimension's innermost ``dot``
-    elements go last in the smallest tile, whose extent along it must be a multiple of ``dot``."""
+    With ``dot`` above 1 (the plan's ``RProgram.dot_depth``) the dot axis's (``dot.dot_axis``) innermost
+    ``dot`` elements go last in the smallest tile, whose extent along it must be a multiple of ``dot``."""
     if t.packed_order:  # a transposed access (rtile.layout_expr): the tensor as stored
         stored = sorted(range(len(t.index)), key=lambda i: t.packed_order[i])
         t = replace(t, index=tuple(t.index[i] for i in stored), shape=tuple(t.shape[i] for i in stored), packed_order=())
@@ -101,7 +102,8 @@ def packed_layout(expr: Expr, t: TensorAccess, tiles: Sequence[Mapping[str, int]
                                              position[axis_of[d]], d)))
     row = sizes[last[-1]][-1]
     pad = lanes - row % lanes if axis_of[last[-1]] == vector_axis and row > lanes and row % lanes else 0
-    dot_dim = next((d for d in dims if axis_of[d] in reduce), None) if dot > 1 else None
+    k = dot_axis(expr, vector_axis) if dot > 1 else None
+    dot_dim = next((d for d in dims if axis_of[d] == k), None) if k is not None else None
     if dot_dim is not None and (sizes[dot_dim][-1] % dot or pad):
         raise BuildError(f"{expr.name}: {t.name} cannot be packed {dot} deep along {axis_of[dot_dim]}: its register "
                          f"tile takes {sizes[dot_dim][-1]} of it{' and pads its rows' if pad else ''}")

@@ -24,7 +24,7 @@ def tensor_bytes(expr: Expr) -> int:
 def memory_bound(expr: Expr, device: Device) -> bool:
     """Whether the operator does fewer flops per byte of its tensors than the device's cores can per byte
     from where its data lives between calls (:func:`source_bandwidth`)."""
-    peak = device.units.peak(expr.dtype) * device.units.count
+    peak = device.units.peak(expr.compute_dtype) * device.units.count
     return expr.flops / tensor_bytes(expr) < peak / source_bandwidth(expr, device)
 
 

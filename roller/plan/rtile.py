@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Mapping
 
 from roller.device.spec import Device, MemoryLevel
-from roller.plan.dot import dot_depth
+from roller.plan.dot import dot_axis, dot_depth
 from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
 
 
@@ -56,7 +56,7 @@ def padding_waste(extent: int, tile: int) -> float:
 def compute_lanes(expr: Expr, device: Device) -> int:
     """SIMD lanes of the arithmetic: the accumulation type's (an int8 product accumulates in int32
     lanes), as code generation emits it."""
-    return device.units.lanes(expr.dtype)
+    return device.units.lanes(expr.compute_dtype)
 
 
 def transposes(expr: Expr, axis: str) -> tuple[str, ...] | None:
@@ -136,6 +136,7 @@ class LevelRules:
     vector_axis: str | None
     partial_sums: str | None = None
     dot: int = 1  # reduce elements each lane sums a step (roller.plan.dot): the register tile's step along k
+    dot_axis: str | None = None  # that k (roller.plan.dot.dot_axis) where dot is above 1
 
     @classmethod
     def of(cls, device: Device, index: int, expr: Expr, vector_axis: str | None = None) -> "LevelRules":
@@ -150,8 +151,9 @@ class LevelRules:
         if hit is not None and hit[0] is device:
             return hit[1]
         reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
+        dot = dot_depth(expr, device, vector_axis)
         rules = cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
-                    expr.output.name if reduced else None, dot_depth(expr, device, vector_axis))
+                    expr.output.name if reduced else None, dot, dot_axis(expr, vector_axis) if dot > 1 else None)
         made[key] = (device, rules)
         return rules
 
@@ -312,14 +314,14 @@ def traffic(expr: Expr, tile: Mapping[str, int], rules: LevelRules,
 def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
     """The granule of a tile along ``axis`` at a level, before nesting and shape rules.
 
-    Level 0: the vector axis moves in whole SIMD vectors / warps, the reduction in whole dot steps where the
+    Level 0: the vector axis moves in whole SIMD vectors / warps, the dot axis in whole dot steps where the
     plans run dot-product lanes (``LevelRules.dot``, ``roller.plan.dot``). Above: an axis that indexes some
     tensor's contiguous dimension moves in whole transactions of that tensor's dtype.
     """
     if rules.index == 0:
         if axis == rules.vector_axis:
             return rules.lanes
-        return rules.dot if rules.dot > 1 and expr.axis(axis).kind == REDUCE else 1
+        return rules.dot if rules.dot > 1 and axis == rules.dot_axis else 1
     step = 1
     for t in aligning_tensors(expr):
         if axis in t.innermost_axes():

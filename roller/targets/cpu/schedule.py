@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from roller.device.spec import Device
 from roller.errors import BuildError
-from roller.plan.dot import DOT_DEPTH, dot_operands
+from roller.plan.dot import DOT_DEPTH, dot_axis
 from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
@@ -360,10 +360,11 @@ def _dot_loop(sch, expr: Expr, program: RProgram, reduce: list[_AxisLoops], vec:
     vpdpbusd: ``roller.plan.dot``), split off the reduction's register loop, which keeps the rest. A
     BuildError where the plan's dot-product lanes do not fit the expression or its tiles."""
     depth = program.dot_depth
-    if depth != DOT_DEPTH or dot_operands(expr, program.vector_axis) is None or vec is None or len(reduce) != 1:
+    name = dot_axis(expr, program.vector_axis)
+    k = next((a for a in reduce if a.name == name), None)
+    if depth != DOT_DEPTH or k is None or vec is None:
         raise BuildError(f"{expr.name}: the plan runs {depth}-deep dot-product lanes, but the expression is no "
-                         f"u8 x s8 matmul along {program.vector_axis} that vpdpbusd ({DOT_DEPTH} deep) can run")
-    k = reduce[0]
+                         f"u8 x s8 reduction along {program.vector_axis} that vpdpbusd ({DOT_DEPTH} deep) can run")
     if k.levels[0] is None or k.sizes[0] % depth or vec.sizes[0] % lanes:
         raise BuildError(f"{expr.name}: the plan runs {depth}-deep dot-product lanes, but its register tile takes "
                          f"{k.sizes[0]} of {k.name} and {vec.sizes[0]} of {vec.name} ({lanes} lanes)")
