@@ -97,12 +97,23 @@ def test_dynamic_quantized_transformer(device):
     assert result["matches"] and result["tolerance"]["quantized_graph"], result
 
 
-def test_qdq_cnn(device):
-    """quantize_static's QDQ CNN (QuantizeLinear / DequantizeLinear around every conv, pool, add, gemm):
-    its dequantized output within one step of the output's quantization scale of onnxruntime's."""
+@pytest.mark.parametrize("channels,per_channel,dot", [(8, False, True), (16, True, True), (16, True, False)])
+def test_qdq_cnn(device, channels, per_channel, dot):
+    """quantize_static's QDQ CNN (QuantizeLinear / DequantizeLinear around every conv, pool, add, gemm): its
+    dequantized output within one step of the output's quantization scale of onnxruntime's. On a device
+    with VNNI (``dot``) every convolution is an integer kernel on the uint8 activation and the int8 weight
+    (roller.models.qdq), with dot-product lanes where the channels allow (16 in and out); without (the
+    host's target with its VNNI features removed) they compute in float32."""
+    import dataclasses
+
     from onnx import numpy_helper
 
-    q = onnx_models.quantized_qdq(onnx_models.small_cnn(size=16, channels=8))
+    if not dot:
+        mattr = [f for f in device.target.get("mattr", ()) if "vnni" not in f]
+        device = dataclasses.replace(device, target={**device.target, "mattr": mattr})
+    elif not has_vnni(device):
+        pytest.skip("this host has no VNNI: its QDQ convolutions compute in float32 (the dot=False case)")
+    q = onnx_models.quantized_qdq(onnx_models.small_cnn(size=16, channels=channels), per_channel=per_channel)
     ops = {n.op_type for n in q.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
     last = next(n for n in q.graph.node if n.output[0] == q.graph.output[0].name)
@@ -111,6 +122,23 @@ def test_qdq_cnn(device):
     cm, ours, ref = _run_both(q, device)
     assert float(np.max(np.abs(ours[0] - ref[0]))) <= scale * 1.001
     assert all(r.scheduled_by != "none" for r in cm.report)
+    convs = _integer_conv_params(cm)
+    assert len(convs) == sum(n.op_type == "Conv" for n in q.graph.node), convs
+    integer = [(name, d) for name, d in convs if {"uint8", "int8"} <= set(d)]
+    assert len(integer) == (len(convs) if dot else 0), convs
+    by = {r.name: r.scheduled_by for r in cm.report}
+    assert all(by[name] == "roller" for name, _ in convs), by
+    if dot:
+        depths = _dot_depths(cm, convs)
+        assert max(depths) == (4 if channels % 16 == 0 else 1), depths
+
+
+def _integer_conv_params(cm) -> list[tuple[str, list[str]]]:
+    """(function name, its parameters' dtypes) of each fused function holding a convolution."""
+    import tvm
+
+    return [(gv.name_hint, [str(p.dtype) for p in f.params]) for gv, f in cm.module.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint]
 
 
 def test_narrowing_leaves_other_matmuls(device):

@@ -343,6 +343,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
 
     from roller.models.constants import constants_device
     from roller.models.relax_pass import ScheduleModule
+    from roller.plan.dot import has_vnni
     from roller.tir.compile import target_for
 
     t0 = time.perf_counter()
@@ -362,7 +363,7 @@ def compile_model(model, device: Device | str | None = None, inputs: Mapping[str
     seconds["import"] = time.perf_counter() - t0
     t = time.perf_counter()
     try:
-        mod = legalize_and_fuse(mod, target, layout, fast_math)
+        mod = legalize_and_fuse(mod, target, layout, fast_math, integer_convolutions=has_vnni(dev))
     except ModelError:
         raise
     except Exception as e:  # TVM's legalization or fusion: one line naming the operator, not a traceback
@@ -421,10 +422,16 @@ def is_quantized(proto) -> bool:
     return any(n.op_type in QUANTIZED_OPERATORS for n in getattr(graph, "node", ()))
 
 
+def tolerance_for(proto) -> Mapping[str, float]:
+    """The tolerance its outputs are compared at (:func:`compare`): QUANTIZED_TOLERANCE for a quantized
+    graph, else MODEL_TOLERANCE."""
+    return QUANTIZED_TOLERANCE if is_quantized(proto) else MODEL_TOLERANCE
+
+
 def compare(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray],
             tolerance: Mapping[str, float] | None = None) -> dict:
     """Our outputs against the reference's: ``matches`` when every output is within ``tolerance`` (by
-    dtype; default MODEL_TOLERANCE, QUANTIZED_TOLERANCE for a quantized graph) of
+    dtype; default MODEL_TOLERANCE; :func:`tolerance_for` gives a graph's) of
     the reference at the reference's own scale (TOLERANCE_RULE): max|ours - reference| <= tol *
     max|reference|, tol by the reference's dtype (other dtypes, integers and booleans: equal). An
     absolute tolerance would pass anything where a network's outputs are tiny (random weights can give
@@ -502,7 +509,7 @@ def check_against_onnxruntime(cm: CompiledModel, model, seed: int = 0, time_it: 
     reference = sess.run(None, feeds)
     run = cm.run_fn(feeds)
     quantized = is_quantized(proto)
-    tolerance = QUANTIZED_TOLERANCE if quantized else MODEL_TOLERANCE
+    tolerance = tolerance_for(proto)
     result = compare(outputs_to_numpy(run()), reference, tolerance)
     impls = [("roller", run), ("onnxruntime", lambda: sess.run(None, feeds))]
     if openvino and time_it:

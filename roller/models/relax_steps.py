@@ -9,6 +9,7 @@ import numpy as np
 from roller.errors import ModelError
 from roller.models.fusion_barriers import keep_widening_broadcasts_apart
 from roller.models.legalize import legalize_map
+from roller.models.qdq import int8_convolutions, pads_in_the_permuted_layout, quantizers_as_arithmetic
 from roller.models.quantized import narrow_integer_matmuls
 from roller.models.relax_rewrite import mutate_functions, static_dims
 
@@ -32,7 +33,8 @@ def relax_inputs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True):
+def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True,
+                      integer_convolutions: bool = False):
     """TVM's CPU dispatch + legalize passes, then view-only reshapes turned into runtime reshapes.
 
     With ``layout="NHWC"`` convolutions are first converted to NHWC activations and HWIO weights
@@ -42,14 +44,20 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     softmax by TVM's vectorizable approximations (``relax.transform.FastMathTransform``: fast_erf is
     within 2e-7 of erf and ran 4096 values in 1 us against 27-37 us, which dominated a GELU MLP), and
     sigmoid by 1 / (1 + exp(-x)) first so that its exp becomes fast_exp, and a power by a small whole
-    constant by products (:func:`_vectorizable_math`)."""
+    constant by products (:func:`_vectorizable_math`). Quantized graphs: integer matmuls read their 8-bit
+    operands (``roller.models.quantized``); with ``integer_convolutions`` (a device whose vectors have
+    dot-product lanes: on others a one-lane int32 multiply-add runs slower than float32's FMA) a QDQ
+    convolution becomes an int32 convolution of its 8-bit operands, and quantizers with constant parameters
+    plain arithmetic in any case (``roller.models.qdq``)."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     if layout not in ("NHWC", "NCHW"):
         raise ModelError(f"layout {layout!r}: use NHWC or NCHW")
-    convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})] if layout == "NHWC" else []
+    convert = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
+               tvm.transform.module_pass(pads_in_the_permuted_layout, opt_level=0, name="roller.PadsPermuted")
+               ] if layout == "NHWC" else []
     fast = ([tvm.transform.module_pass(_vectorizable_math, opt_level=0, name="roller.VectorizableMath"),
              relax.transform.FastMathTransform()] if fast_math else [])
     sink = [tvm.transform.module_pass(_sink_reshapes, opt_level=0, name="roller.SinkReshapes")]
@@ -65,6 +73,9 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True)
     passes = (fold + convert + fold + sink + fast + cpu.library_dispatch_passes(target) + legalize
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     mod, _ = narrow_integer_matmuls(mod)
+    if integer_convolutions:
+        mod, _ = int8_convolutions(mod)
+    mod, _ = quantizers_as_arithmetic(mod)
     with target:
         return tvm.transform.Sequential(passes)(mod)
 

@@ -1,0 +1,252 @@
+"""Statically quantized (QDQ) graphs as integer convolutions and plain arithmetic.
+
+onnxruntime's ``quantize_static(..., quant_format=QDQ)`` writes every quantized convolution as
+``Conv(DequantizeLinear(xq, sx, zx), DequantizeLinear(wq, sw, 0))``: as imported, the convolution computes in
+float32 on dequantized copies. Three rewrites make it an 8-bit kernel in the channels-last layout:
+
+- :func:`int8_convolutions` (before the layout conversion) rewrites it, exactly up to float rounding, as
+
+      (sx * sw) * float(conv_int32(pad(xq, zx), wq) - zx * sum(wq))
+
+  where the padding holds the zero point (so that padded taps add nothing after the zero-point term;
+  with ``zx = 0`` the convolution's own zero padding does), ``sum(wq)`` is each output channel's weight
+  sum and ``sx * sw`` one scale a channel: the convolution reads uint8 x int8 and accumulates in int32,
+  its rescale and what follows (bias, the next QuantizeLinear) are its epilogue.
+- :func:`quantizers_as_arithmetic` writes the QuantizeLinear / DequantizeLinear left whose scale and zero
+  point are constants as the elementwise operators TVM's own legalization computes (round, clip, cast):
+  ConvertLayout has no layout rule for ``quantize`` / ``dequantize`` and would keep each between two
+  transposes in the frontend's layout.
+- :func:`pads_in_the_permuted_layout` (after the layout conversion) moves a transpose above a ``pad``,
+  which has no layout rule either, so that the transposes around it meet and cancel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from roller.models.relax_rewrite import mutate_functions, static_dims
+
+
+def _op_name(expr) -> str:
+    """The name of the operator ``expr`` calls ("" for anything else)."""
+    import tvm
+    from tvm import relax
+
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
+
+
+def _bound(mutator, expr):
+    """The expression a dataflow variable is bound to (through chains of variables), else ``expr``."""
+    from tvm import relax
+
+    while isinstance(expr, relax.Var):
+        value = mutator.lookup_binding(expr)
+        if value is None:
+            return expr
+        expr = value
+    return expr
+
+
+def _constant(mutator, expr) -> np.ndarray | None:
+    import tvm
+
+    expr = _bound(mutator, expr)
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A quantization parameter (a scalar, or one value per index of ``axis``) shaped to broadcast over a
+    tensor of ``rank`` dimensions."""
+    if values.size == 1:
+        return values.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = values.size
+    return values.reshape(shape)
+
+
+def _int8_conv_mutator():
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Int8Conv(PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.rewritten = 0
+
+        def dequantized(self, expr):
+            """(data, scale, zero point, axis) of ``dequantize(data, scale, zero point)`` with constant
+            parameters, else None."""
+            expr = _bound(self, expr)
+            if _op_name(expr) != "relax.dequantize" or str(expr.attrs.out_dtype) != "float32":
+                return None
+            scale, zero = _constant(self, expr.args[1]), _constant(self, expr.args[2])
+            if scale is None or zero is None:
+                return None
+            return expr.args[0], scale, zero, int(expr.attrs.axis)
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if _op_name(call) != "relax.nn.conv2d":
+                return call
+            attrs = call.attrs
+            if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or int(attrs.groups) != 1 \
+                    or str(attrs.out_layout) != "NCHW":
+                return call
+            x, w = self.dequantized(call.args[0]), self.dequantized(call.args[1])
+            if x is None or w is None:
+                return call
+            xq, sx, zx, _ = x
+            wq_expr, sw, zw, waxis = w
+            wq = _constant(self, wq_expr)
+            dims = static_dims(call.ty)
+            if wq is None or wq.dtype != np.int8 or str(getattr(xq.ty, "dtype", "")) != "uint8" \
+                    or sx.size != 1 or zx.size != 1 or np.any(zw != 0) or dims is None:
+                return call
+            out_channels = wq.shape[0]
+            if sw.size not in (1, out_channels) or (sw.size > 1 and waxis % 4 != 0):
+                return call
+            bb = self.builder_
+            zero = int(zx.reshape(()))
+            padding = [int(p) for p in attrs.padding]  # top, left, bottom, right
+            if zero and any(padding):  # pad with the zero point: padded taps then cancel in the term below
+                top, left, bottom, right = padding
+                xq = bb.emit(relax.op.nn.pad(xq, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zero)))
+                padding = [0, 0, 0, 0]
+            acc = bb.emit(relax.op.nn.conv2d(xq, relax.const(wq), strides=attrs.strides, padding=padding,
+                                             dilation=attrs.dilation, data_layout="NCHW", kernel_layout="OIHW",
+                                             out_dtype="int32"))
+            if zero:
+                sums = wq.astype(np.int64).sum(axis=(1, 2, 3)) * zero
+                acc = bb.emit(relax.op.subtract(acc, relax.const(sums.astype(np.int32).reshape(1, -1, 1, 1))))
+            scale = (np.float32(sx.reshape(())) * sw.astype(np.float32).reshape(-1)).astype(np.float32)
+            scale = scale.reshape(()) if scale.size == 1 else scale.reshape(1, -1, 1, 1)
+            self.rewritten += 1
+            return relax.op.multiply(bb.emit(relax.op.astype(acc, "float32")), relax.const(scale))
+
+    return _Int8Conv
+
+
+def int8_convolutions(mod):
+    """``(mod, count)``: every NCHW ``conv2d`` of a dequantized uint8 activation (a scalar scale and zero
+    point) and a dequantized constant int8 weight (zero points 0, one scale or one per output channel)
+    rewritten as an int32 convolution of the 8-bit tensors (see the module's docstring), and how many were.
+    Grouped convolutions and other operand types keep the float convolution, correct."""
+    from tvm import relax
+
+    rewrite = _int8_conv_mutator()(mod)
+    out = mutate_functions(rewrite, mod)
+    if rewrite.rewritten:
+        out = relax.transform.DeadCodeElimination()(out)
+    return out, rewrite.rewritten
+
+
+def _quantizer_mutator():
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    integer_range = {"uint8": (0, 255), "int8": (-128, 127)}
+
+    @mutator
+    class _Arithmetic(PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.rewritten = 0
+
+        def params(self, call):
+            """(scale, zero point) shaped to broadcast over the data, when both are constants, else None."""
+            dims = static_dims(call.args[0].ty)
+            scale, zero = _constant(self, call.args[1]), _constant(self, call.args[2])
+            if dims is None or scale is None or zero is None:
+                return None
+            axis, rank = int(call.attrs.axis), len(dims)
+            if any(p.size not in (1, dims[axis % rank] if rank else 1) for p in (scale, zero)):
+                return None
+            return _along(scale, axis, rank), _along(zero, axis, rank)
+
+        def quantize(self, call, scale, zero):
+            """clip(round(x / scale) + zero, lo, hi) cast, as TVM's legalization computes it."""
+            dtype = str(call.attrs.out_dtype)
+            if dtype not in integer_range or str(call.args[0].ty.dtype) != "float32":
+                return call
+            bb, lo, hi = self.builder_, *integer_range[dtype]
+            scaled = bb.emit(relax.op.round(bb.emit(relax.op.divide(call.args[0], relax.const(
+                scale.astype(np.float32))))))
+            shifted = bb.emit(relax.op.add(scaled, relax.const(zero.astype(np.float32))))
+            clipped = bb.emit(relax.op.maximum(bb.emit(relax.op.minimum(shifted, relax.const(np.float32(hi)))),
+                                               relax.const(np.float32(lo))))
+            return relax.op.astype(clipped, dtype)
+
+        def dequantize(self, call, scale, zero):
+            """float(int32(x) - zero) * scale, as TVM's legalization computes it (folded for a constant x)."""
+            data = call.args[0]
+            if str(call.attrs.out_dtype) != "float32" or str(data.ty.dtype) not in integer_range:
+                return call
+            scale, zero = scale.astype(np.float32), zero.astype(np.int32)
+            value = _constant(self, data)
+            if value is not None:
+                return relax.const(((value.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32))
+            bb = self.builder_
+            shifted = bb.emit(relax.op.subtract(bb.emit(relax.op.astype(data, "int32")), relax.const(zero)))
+            return relax.op.multiply(bb.emit(relax.op.astype(shifted, "float32")), relax.const(scale))
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            name = _op_name(call)
+            if name not in ("relax.quantize", "relax.dequantize"):
+                return call
+            params = self.params(call)
+            if params is None:
+                return call
+            out = (self.quantize if name == "relax.quantize" else self.dequantize)(call, *params)
+            self.rewritten += out is not call
+            return out
+
+    return _Arithmetic
+
+
+def quantizers_as_arithmetic(mod):
+    """``(mod, count)``: each ``quantize`` / ``dequantize`` with constant parameters (a scalar, or one per
+    index of its axis) written as the elementwise operators of TVM's legalization, whose layout
+    ConvertLayout can convert; a dequantized constant folded with numpy."""
+    from tvm import relax
+
+    rewrite = _quantizer_mutator()(mod)
+    out = mutate_functions(rewrite, mod)
+    if rewrite.rewritten:
+        out = relax.transform.DeadCodeElimination()(out)
+    return out, rewrite.rewritten
+
+
+def pads_in_the_permuted_layout(mod, _ctx=None):
+    """``permute_dims(pad(x))`` as ``pad(permute_dims(x))`` (the pad widths permuted alike), and two
+    transposes in a row as one, or none where they restore the source: ConvertLayout keeps a ``pad``
+    (it has no layout rule) in the frontend's layout between two transposes."""
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Hoist(PyExprMutator):
+        def combined(self, x, axes):
+            """``permute_dims(x, axes)``, one transpose with the one ``x`` is bound to (none if they cancel)."""
+            source = _bound(self, x)
+            if _op_name(source) == "relax.permute_dims" and source.attrs.axes is not None:
+                inner = [int(a) for a in source.attrs.axes]
+                x, axes = source.args[0], [inner[a] for a in axes]
+            return x if axes == list(range(len(axes))) else relax.op.permute_dims(x, axes)
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if _op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
+                return call
+            axes = [int(a) for a in call.attrs.axes]
+            source = _bound(self, call.args[0])
+            if _op_name(source) != "relax.nn.pad" or str(source.attrs.pad_mode) != "constant":
+                return self.combined(call.args[0], axes)
+            widths = [int(p) for p in source.attrs.pad_width]
+            inner = self.combined(source.args[0], axes)
+            if isinstance(inner, relax.Call):
+                inner = self.builder_.emit(inner)
+            return relax.op.nn.pad(inner, [w for a in axes for w in widths[2 * a:2 * a + 2]],
+                                   pad_value=float(source.attrs.pad_value))
+
+    return relax.transform.DeadCodeElimination()(mutate_functions(_Hoist(mod), mod))
