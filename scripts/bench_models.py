@@ -10,7 +10,9 @@
 Models are built in code with random weights (tests/onnx_models.py through benchutil.models; nothing is
 downloaded): ResNet-50 v1.5 at 224x224 (batch norm folded), a BERT-base-like encoder (12 pre-norm layers,
 768 wide, 12 heads, MLP 3072, GELU, sequence 128), MobileNetV2 at 224x224, GPT-2 small's 12 decoder blocks
-for one new token over a 32-token KV cache, the small CNN and transformer block of the tests. ``--batch``
+for one new token over a 32-token KV cache, the small CNN and transformer block of the tests, and that CNN
+statically quantized (``cnn_qdq``: onnxruntime's ``quantize_static`` in the QDQ format; ``--qdq`` quantizes
+every model so, a file included). ``--batch``
 (comma-separated, default 1) builds each model at each batch size (the leading dimension of every input;
 GPT-2: that many sequences decoded at once, each over its own cache), compiles and times it: one row per
 (model, batch).
@@ -20,8 +22,10 @@ and its peers' latencies with as many threads: onnxruntime; OpenVINO's CPU plugi
 imports (roller.models.frontend.openvino_runner, as check_against_onnxruntime; ``--no-openvino`` skips it;
 without it the script runs as before and says OpenVINO was not available); PyTorch eager running the same
 graph node by node (scripts/torch_eager.py; where torch is importable and not ``--no-torch``; the faster of
-one thread and the device's cores). Every output is checked against onnxruntime's (rtol = atol = 1e-3 for
-float32); a peer whose outputs differ is not timed (OpenVINO, with the reason) or not a peer (PyTorch).
+one thread and the device's cores). Every output is checked against onnxruntime's
+(roller.models.frontend.compare at tolerance_for the graph: relative to the output's scale, QUANTIZED_TOLERANCE
+for a quantized one); a peer whose outputs differ is not timed (OpenVINO, with the reason) or not a peer
+(PyTorch).
 
 The timing: roller and every peer are timed alternately in the same rounds of this process (``--rounds``,
 roller.measure.timing.time_rounds), each after a settle pause (SETTLE_SECONDS: the previous one's thread
@@ -79,7 +83,7 @@ def _openvino(proto, threads: int, feeds, reference):
         if bind is None:
             return None, "not available (the openvino package does not import)"
         call = bind(feeds)
-        check = frontend.compare(call(), reference)
+        check = frontend.compare(call(), reference, frontend.tolerance_for(proto))
     except Exception as e:  # noqa: BLE001  (an optional peer that fails is left out, and says why)
         return None, f"failed: {type(e).__name__}: {e}"[:300]
     if not check["matches"]:
@@ -126,22 +130,23 @@ def bench(name: str, proto, args, batch: int = 1) -> dict:
     threads = args.threads or dev.units.count
     sess = frontend.onnxruntime_session(proto, threads)
     reference = sess.run(None, feeds)
-    row.update(frontend.compare(cm.run(feeds), reference))
+    tolerance = frontend.tolerance_for(proto)  # a quantized graph's outputs: QUANTIZED_TOLERANCE
+    row.update(frontend.compare(cm.run(feeds), reference, tolerance))
     impls = [("roller", cm.run_fn(feeds)), ("onnxruntime", lambda: sess.run(None, feeds))]
     if args.ab_prepack:  # the same plans' kernels packing their constant inputs at every call
         cu = roller.compile_model(proto, dev, name=name, prepack=False)
-        row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference)["matches"]
+        row["unpacked_matches"] = frontend.compare(cu.run(feeds), reference, tolerance)["matches"]
         impls.append(("roller_unpacked", cu.run_fn(feeds)))
     if args.ab_balance:  # the same plans' kernels with TVM's fixed split of the grid (in-process, uncached)
         from benchutil import plans_with
         with plans_with(balanced=False):
             cs = roller.compile_model(proto, dev, name=name, cache=False)
-        row["static_matches"] = frontend.compare(cs.run(feeds), reference)["matches"]
+        row["static_matches"] = frontend.compare(cs.run(feeds), reference, tolerance)["matches"]
         impls.append(("roller_static", cs.run_fn(feeds)))
     if args.profile:
         cp = roller.compile_model(proto, dev, name=name, profile=True, topk=args.topk)
         row["profiled_compile_seconds"] = cp.compile_seconds
-        row["profiled_matches"] = frontend.compare(cp.run(feeds), reference)["matches"]
+        row["profiled_matches"] = frontend.compare(cp.run(feeds), reference, tolerance)["matches"]
         impls.append(("roller_profiled", cp.run_fn(feeds)))
     if args.no_openvino:
         ov_call, row["openvino_skipped"] = None, "left out (--no-openvino)"
@@ -153,7 +158,7 @@ def bench(name: str, proto, args, batch: int = 1) -> dict:
             impls.append(("openvino", ov_call))
     torch_run = None if args.no_torch else _torch_runner(proto, threads)
     if torch_run is not None:
-        row["torch_matches"] = frontend.compare(torch_run(feeds), reference)["matches"]
+        row["torch_matches"] = frontend.compare(torch_run(feeds), reference, tolerance)["matches"]
         # PyTorch on the device's cores and on one: on a loaded 2-core machine its OpenMP threads wait
         # for each other at every operator (GPT-2 decode, 2 blocks: 172 ms on 2 threads, 4.1 ms on 1)
         impls += [(f"torch_{t}", torch_run.timed(feeds, t)) for t in sorted({1, threads})]
@@ -190,7 +195,7 @@ def bench(name: str, proto, args, batch: int = 1) -> dict:
         tv = _tvm_default(proto, cm.inputs, target_for(dev), args.tvm_runs, feeds)
         row["tvm_compile_seconds"] = tv["compile_seconds"]
         row["tvm_latency_seconds"] = tv["latency_seconds"]
-        row["tvm_matches"] = frontend.compare(tv["outputs"], reference)["matches"]
+        row["tvm_matches"] = frontend.compare(tv["outputs"], reference, tolerance)["matches"]
     return row
 
 
@@ -240,6 +245,10 @@ def main(argv=None) -> int:
                    help="also time roller without prepacked constants (compile_model(prepack=False)), alternately")
     p.add_argument("--ab-balance", action="store_true",
                    help="also time roller with TVM's fixed split of each parallel grid (roller.targets.cpu.balance off)")
+    p.add_argument("--qdq", action="store_true",
+                   help="time each model through onnxruntime's quantize_static instead (QDQ: uint8 activations, int8 "
+                        "weights; calibrated on 2 random inputs), named NAME_qdq; the peers run the same graph")
+    p.add_argument("--per-channel", action="store_true", help="with --qdq: one weight scale per output channel")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for roller and onnxruntime (default: the device's cores); with 1 the latencies are "
                         "this thread's CPU time per run, steadier on a shared machine")
@@ -266,7 +275,11 @@ def main(argv=None) -> int:
             proto = models(b, files=names)[n]()
         except FileNotFoundError as e:
             p.error(str(e))
-        rows.append(bench(model_name(n), proto, args, b))
+        if args.qdq:
+            from onnx_models import quantized_qdq
+
+            proto = quantized_qdq(proto, samples=2, per_channel=args.per_channel)
+        rows.append(bench(model_name(n) + ("_qdq" if args.qdq else ""), proto, args, b))
         print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if args.ab_prepack:
             r = rows[-1]

@@ -60,6 +60,9 @@ def models(batch: int = 1, files=()) -> dict:
         "mobilenet_v2": lambda: m.mobilenet_v2(batch=batch),
         "gpt2_decode": lambda: m.gpt2_decoder(12, past=32, dim=768, heads=12, name="gpt2_decode", batch=batch),
         "cnn": lambda: m.small_cnn(batch=batch, size=96, channels=32),
+        # the same through onnxruntime's quantize_static, QDQ (uint8 activations, int8 weights per channel)
+        "cnn_qdq": lambda: m.quantized_qdq(m.small_cnn(batch=batch, size=96, channels=32), samples=2,
+                                           per_channel=True),
         "block": lambda: m.transformer_block(seq=77, dim=192, heads=3, hidden=768, batch=batch),
     }
 

@@ -24,8 +24,9 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "bench_dynamo": (["--models", "tiny_resnet", "--engines", "eager,roller,onnxruntime", "--rounds", "1", "--target",
                       "0.01", "--out", "TMP/bd"], r"\| tiny_resnet \| roller \| [\d.]+ \| [\d.]+ \| 1\.00 \|", True),
     "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
-    "bench_models": (["--models", "cnn", "--rounds", "1", "--no-torch", "--batch", "1,2", "--out", "TMP/bm"],
-                     r"\| cnn \| 2 \|[^\n]*\| (onnxruntime|OpenVINO) \| \d", True),  # batch 2's row names its fastest peer
+    "bench_models": (["--models", "cnn,cnn_qdq", "--rounds", "1", "--no-torch", "--batch", "1,2", "--out", "TMP/bm"],
+                     r"\| cnn \| 2 \|[^\n]*\| (onnxruntime|OpenVINO) \| \d[^\n]*\n[^\n]*\| cnn_qdq \| 1 \|[^\n]*\| yes \|",
+                     True),  # batch 2's row names its fastest peer; the quantized CNN's outputs match
     "bench_quantized": (["--layers", "1", "--seq", "16", "--dim", "32", "--heads", "2", "--hidden", "64", "--rounds", "1",
                          "--out", "TMP/bq"], r"onnxruntime\s+[\d.]+ ms", True),
     "bench_ops": (["--smoke", "--rounds", "1"], r"add_relu", True),
