@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Mapping
 
 from roller.device.spec import Device, MemoryLevel
+from roller.dtypes import dtype_bytes
 from roller.plan.dot import dot_axis, dot_depth
 from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
 
@@ -137,6 +138,10 @@ class LevelRules:
     partial_sums: str | None = None
     dot: int = 1  # reduce elements each lane sums a step (roller.plan.dot): the register tile's step along k
     dot_axis: str | None = None  # that k (roller.plan.dot.dot_axis) where dot is above 1
+    # (output name, bytes an element of its accumulator takes) where the main block accumulates in a wider
+    # dtype than the output's (an int32 convolution whose epilogue quantizes to uint8): the output's tile is
+    # held as accumulators until its write-back, so it occupies the accumulator's bytes at every level
+    accumulator: tuple[str, int] | None = None
 
     @classmethod
     def of(cls, device: Device, index: int, expr: Expr, vector_axis: str | None = None) -> "LevelRules":
@@ -152,15 +157,18 @@ class LevelRules:
             return hit[1]
         reduced = vector_axis is not None and expr.axis(vector_axis).kind == REDUCE
         dot = dot_depth(expr, device, vector_axis)
+        wide = dtype_bytes(expr.compute_dtype)
         rules = cls(index, device.private_levels[index], compute_lanes(expr, device), vector_axis,
-                    expr.output.name if reduced else None, dot, dot_axis(expr, vector_axis) if dot > 1 else None)
+                    expr.output.name if reduced else None, dot, dot_axis(expr, vector_axis) if dot > 1 else None,
+                    (expr.output.name, wide) if expr.reduce_axes and wide != expr.output.elem_bytes else None)
         made[key] = (device, rules)
         return rules
 
     @cached_property
     def key(self) -> tuple:
         """What a tensor's footprint at this level depends on besides its tile (see tensor_footprint)."""
-        return (self.index, self.level.transaction_bytes, self.lanes, self.vector_axis, self.partial_sums)
+        return (self.index, self.level.transaction_bytes, self.lanes, self.vector_axis, self.partial_sums,
+                self.accumulator)
 
     @property
     def capacity(self) -> int:
@@ -174,6 +182,8 @@ class LevelRules:
         and one load (a broadcast) per element for a tensor whose rows run along another axis.
         """
         raw = inner * t.elem_bytes
+        if not moved and self.accumulator is not None and t.name == self.accumulator[0]:
+            raw = inner * self.accumulator[1]  # held as accumulators (see ``accumulator``)
         if self.index == 0:
             if not moved:
                 return raw * self.lanes if t.name == self.partial_sums else raw
