@@ -85,15 +85,16 @@ def test_a_quantizer_with_a_computed_scale_is_left_alone():
     assert quantizers_as_arithmetic(mod)[1] == 0
 
 
-@pytest.mark.parametrize("zero,padding", [(0, 1), (117, 1), (117, 0)])
-def test_int8_convolution_of_a_qdq_pair(zero, padding):
+@pytest.mark.parametrize("zero,padding,channels", [(0, 1, 8), (117, 1, 8), (117, 0, 8), (0, 1, 3), (117, 1, 3)])
+def test_int8_convolution_of_a_qdq_pair(zero, padding, channels):
     """conv(dequantize(x), dequantize(w)) as an int32 convolution of the 8-bit tensors, rescaled: the result
-    within float rounding of the float convolution, padded with the zero point where it is not 0."""
+    within float rounding of the float convolution, padded with the zero point where it is not 0, and
+    input channels padded to whole dot steps (3 to 4)."""
     from tvm import relax
 
-    rng = np.random.default_rng(zero + padding)
-    x = rng.integers(0, 256, (1, 8, 9, 9)).astype(np.uint8)
-    w = rng.integers(-127, 128, (16, 8, 3, 3)).astype(np.int8)
+    rng = np.random.default_rng(zero + padding + channels)
+    x = rng.integers(0, 256, (1, channels, 9, 9)).astype(np.uint8)
+    w = rng.integers(-127, 128, (16, channels, 3, 3)).astype(np.int8)
     sw = rng.uniform(0.001, 0.01, 16).astype(np.float32)  # one scale per output channel (axis 0)
 
     def build(bb, v):
@@ -105,10 +106,11 @@ def test_int8_convolution_of_a_qdq_pair(zero, padding):
     rewritten, count = int8_convolutions(mod)
     assert count == 1
     ops = _ops(rewritten)
-    assert "relax.dequantize" not in ops and ("relax.nn.pad" in ops) == bool(zero and padding)
+    assert "relax.dequantize" not in ops and ("relax.nn.pad" in ops) == bool(zero and padding or channels % 4)
     conv = next(b.value for b in rewritten["main"].body.blocks[0].bindings
                 if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d")
     assert [str(a.ty.dtype) for a in conv.args] == ["uint8", "int8"] and str(conv.ty.dtype) == "int32"
+    assert conv.args[1].ty.shape[1] == 4 * -(-channels // 4)
     want, got = _run(mod, x), _run(rewritten, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 

@@ -11,7 +11,9 @@ float32 on dequantized copies. Three rewrites make it an 8-bit kernel in the cha
   where the padding holds the zero point (so that padded taps add nothing after the zero-point term;
   with ``zx = 0`` the convolution's own zero padding does), ``sum(wq)`` is each output channel's weight
   sum and ``sx * sw`` one scale a channel: the convolution reads uint8 x int8 and accumulates in int32,
-  its rescale and what follows (bias, the next QuantizeLinear) are its epilogue.
+  its rescale and what follows (bias, the next QuantizeLinear) are its epilogue. Input channels are
+  padded to whole dot steps (an image's 3 channels to 4, zero weights), so that VNNI's 4-deep lanes
+  (``roller.plan.dot``) run every convolution.
 - :func:`quantizers_as_arithmetic` writes the QuantizeLinear / DequantizeLinear left whose scale and zero
   point are constants as the elementwise operators TVM's own legalization computes (round, clip, cast):
   ConvertLayout has no layout rule for ``quantize`` / ``dequantize`` and would keep each between two
@@ -24,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from roller.models.relax_rewrite import mutate_functions, static_dims
+from roller.plan.dot import DOT_DEPTH
 
 
 def _op_name(expr) -> str:
@@ -108,10 +111,13 @@ def _int8_conv_mutator():
             bb = self.builder_
             zero = int(zx.reshape(()))
             padding = [int(p) for p in attrs.padding]  # top, left, bottom, right
+            widths = [0, 0, 0, -wq.shape[1] % DOT_DEPTH, 0, 0, 0, 0]  # input channels in whole dot steps
             if zero and any(padding):  # pad with the zero point: padded taps then cancel in the term below
                 top, left, bottom, right = padding
-                xq = bb.emit(relax.op.nn.pad(xq, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zero)))
-                padding = [0, 0, 0, 0]
+                widths[4:], padding = [top, bottom, left, right], [0, 0, 0, 0]
+            if any(widths):
+                xq = bb.emit(relax.op.nn.pad(xq, widths, pad_value=float(zero)))
+                wq = np.pad(wq, ((0, 0), (0, widths[3]), (0, 0), (0, 0)))  # zero weights for added channels
             acc = bb.emit(relax.op.nn.conv2d(xq, relax.const(wq), strides=attrs.strides, padding=padding,
                                              dilation=attrs.dilation, data_layout="NCHW", kernel_layout="OIHW",
                                              out_dtype="int32"))
