@@ -481,6 +481,31 @@ def test_transposed_pack_goes_in_square_blocks(device):
 
 
 @pytest.mark.build
+def test_a_transpose_whose_runs_split_a_fused_axis_is_no_register_transpose(device):
+    """NHWC -> NCHW of a 12 x 12 x 16 map: the Expr fuses H and W into one axis of 144 (whole 16-lane
+    vectors), but the buffer's run is W's 12. The plan must not ask for 16 x 16 register blocks there (the
+    code cannot make them: it was a BuildError, and the function went to TVM's generic schedule); it
+    builds, and the output is numpy's."""
+    import tvm
+    from tvm import te, topi
+
+    from roller.builder.api import analyze as api_analyze
+    from roller.targets import construct
+
+    x = te.placeholder((1, 12, 12, 16), "float32", "X")
+    y = topi.transpose(x, (0, 3, 1, 2))
+    expr, func = api_analyze(te.create_prim_func([x, y]))
+    assert any(len(a.parts) > 1 for a in expr.axes), expr.axes  # the fused spatial axis
+    for prog in construct(expr, device, topk=3).programs:
+        assert not prog.register_transposes, prog
+        ex = build(func, expr, prog, device)
+        a = np.random.default_rng(0).normal(size=(1, 12, 12, 16)).astype(np.float32)
+        out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 16, 12, 12), np.float32)))
+        ex["main"](tvm.runtime.tensor(a), out)
+        np.testing.assert_array_equal(out.numpy(), a.transpose(0, 3, 1, 2))
+
+
+@pytest.mark.build
 def test_a_split_top_tile_reduction_zeroes_its_accumulator_in_buffer_order(device):
     """Where the top tile's reduction is split, its accumulator is the top tile's whole output region and
     the init zeroes it all: its loops go in the output's dimension order (rows, then the columns with the

@@ -331,7 +331,14 @@ def register_transposes(expr: Expr, top: Mapping[str, int], lanes: int,
             continue
         region = t.region(top)
         dims = (len(region) - 1, t.packed_order.index(len(region) - 1))  # the new run, the source's run
-        if all(region[d] % lanes == 0 and t.shape[d] % region[d] == 0 for d in dims):
+
+        def run(d: int) -> int:
+            """The run's length in the buffer: a fused axis's dimension unfolds into its parts, the last
+            one innermost (a [12, 12] pair fused into 144 runs 12 elements)."""
+            dim = t.index[d]
+            parts = expr.axis(dim[0][0]).parts if len(dim) == 1 else ()
+            return parts[-1][1] if len(parts) > 1 else region[d]
+        if all(region[d] % lanes == 0 and run(d) % lanes == 0 and t.shape[d] % region[d] == 0 for d in dims):
             out.append(t.name)
     return tuple(out)
 
