@@ -59,6 +59,22 @@ def small_cnn(batch: int = 1, size: int = 32, channels: int = 16, classes: int =
     return _model(nodes, [x], [y], inits, "small_cnn")
 
 
+def conv_chain(size: int = 12, channels: int = 16, seed: int = 0):
+    """Two 3x3 convolutions in a row, no activation between (NCHW, float32): quantized, the second one's
+    input has a nonzero zero point, so its padding holds that zero point (roller.models.qdq)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits = [_init("w0", rng.normal(0, 0.2, (c, c, 3, 3))), _init("b0", rng.normal(0, 0.1, c)),
+             _init("w1", rng.normal(0, 0.2, (c, c, 3, 3))), _init("b1", rng.normal(0, 0.1, c))]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c0", "w1", "b1"], ["y"], pads=[1, 1, 1, 1])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])
+    return _model(nodes, [x], [y], inits, "conv_chain")
+
+
 def transformer_block(seq: int = 16, dim: int = 32, heads: int = 2, hidden: int = 64, seed: int = 0,
                       batch: int = 1):
     """One pre-norm transformer encoder block on [batch, seq, dim] (see :func:`transformer_encoder`)."""

@@ -132,6 +132,22 @@ def test_qdq_cnn(device, channels, per_channel, dot):
         assert _dot_depths(cm, convs) == {4}, [(r.name, (r.plan or {}).get("dot_depth")) for r in cm.report]
 
 
+def test_qdq_conv_after_conv_pads_apart(device):
+    """A QDQ convolution whose input (another convolution's output) has a nonzero zero point: its padding
+    (the zero point) is a function of its own, not the first convolution's epilogue (which roller's rule
+    would decline: roller.models.fusion_barriers); every function roller's, the output within a step."""
+    from onnx import numpy_helper
+
+    q = onnx_models.quantized_qdq(onnx_models.conv_chain(), per_channel=True)
+    cm, ours, ref = _run_both(q, device)
+    last = next(n for n in q.graph.node if n.output[0] == q.graph.output[0].name)
+    scale = float(numpy_helper.to_array(next(i for i in q.graph.initializer if i.name == last.input[1])))
+    assert float(np.max(np.abs(ours[0] - ref[0]))) <= scale * 1.001
+    assert {r.scheduled_by for r in cm.report} == {"roller"}, [(r.name, r.declined) for r in cm.report]
+    if has_vnni(device):
+        assert any("pad" in r.name and "conv2d" not in r.name for r in cm.report), [r.name for r in cm.report]
+
+
 def _integer_conv_params(cm) -> list[tuple[str, list[str]]]:
     """(function name, its parameters' dtypes) of each fused function holding a convolution."""
     import tvm
