@@ -128,6 +128,7 @@ def test_vnni_kernel_is_exact(device, m, k, n, transposed, extreme):
     (1, 14, 64, 64, 3, 1, 1),     # a 3x3 convolution behind its zero padding
     (1, 9, 32, 48, 3, 2, 0),      # strided, no padding
     (2, 8, 128, 32, 1, 1, 0),     # 1x1, a batch of two
+    (1, 7, 672, 112, 1, 1, 0),    # channels no cache line of bytes divides (672 = 10.5 x 64)
 ])
 def test_vnni_convolution_is_exact(device, n, size, c, o, k, stride, pad):
     """Convolutions step along their input channels (the activation's contiguous axis) 4 deep, the window's
@@ -154,6 +155,19 @@ def test_convolution_dot_lanes_need_whole_dot_steps_of_channels():
     assert dot_axis(expr, "ff") == "rc" and dot_depth(expr, vnni, "ff") == DOT_DEPTH
     first = construct(expr, vnni, 1, frozenset({"B"})).programs[0]
     assert first.dot_depth == DOT_DEPTH and first.tiles[0]["rc"] % DOT_DEPTH == 0
+
+
+def test_dot_lanes_axes_never_overhang():
+    """With dot-product lanes the vector and dot axes take divisors of their extents at every level: an
+    overhanging tile (672 channels in tiles of 64 bytes) left the plan one lane a step, 186 us where the
+    dot-lane plan runs 32 (docs/models.md, "QDQ convolutions")."""
+    vnni = _with_mattr(load_device("x86-avx512"), ["+avx512vnni"])
+    for c, o in [(672, 112), (112, 672)]:
+        expr = _conv(1, 14, c, o, 1, 1, 0)[0]
+        for plan in construct(expr, vnni, 5, frozenset({"B"})).programs:
+            assert plan.dot_depth == DOT_DEPTH, plan
+            assert all(c % t["rc"] == 0 and o % t["ff"] == 0 for t in plan.tiles), plan.tiles
+            assert not {"rc", "ff"} & set(plan.padded + plan.predicated), plan
 
 
 @pytest.mark.parametrize("m,k,n", [(7, 42, 48), (9, 64, 40)])

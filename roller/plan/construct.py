@@ -65,7 +65,7 @@ def _first_tile(expr: Expr, rules: LevelRules, seed: Mapping[str, int], eps: flo
     for a in expr.axes:
         lower = seed.get(a.name, 1)
         size = next_aligned(extents[a.name], lower - 1, axis_step(expr, a.name, rules), lower, eps,
-                            exact=a.name in exact_axes(expr))
+                            exact=a.name in exact_axes(expr, rules))
         if size is None:
             return None
         tile[a.name] = size
@@ -156,7 +156,7 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     registers = levels[0].capacity_bytes // device.units.vector_bytes if device.units.vector_bytes else 0
     limit = max(1, rules.capacity // min(t.elem_bytes for t in expr.tensors))
     steps = {a.name: axis_step(expr, a.name, rules) for a in expr.axes}
-    exact = exact_axes(expr)
+    exact = exact_axes(expr, rules)
     contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
     order = {a.name: i for i, a in enumerate(expr.axes)}
 
@@ -497,7 +497,7 @@ def sample_programs(expr: Expr, device: Device, count: int, seed: int = 0, epsil
             tile = {}
             for a in ex.axes:
                 sizes = aligned_sizes(extents[a.name], axis_step(ex, a.name, rules), lower.get(a.name, 1), epsilon,
-                                      limit, a.name in exact_axes(ex))
+                                      limit, a.name in exact_axes(ex, rules))
                 if not sizes:
                     ok = False
                     break

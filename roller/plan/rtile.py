@@ -326,12 +326,15 @@ def axis_step(expr: Expr, axis: str, rules: LevelRules) -> int:
 
     Level 0: the vector axis moves in whole SIMD vectors / warps, the dot axis in whole dot steps where the
     plans run dot-product lanes (``LevelRules.dot``, ``roller.plan.dot``). Above: an axis that indexes some
-    tensor's contiguous dimension moves in whole transactions of that tensor's dtype.
+    tensor's contiguous dimension moves in whole transactions of that tensor's dtype; with dot-product lanes
+    the vector and dot axes take any size the tile below divides, since they may not overhang (exact_axes).
     """
     if rules.index == 0:
         if axis == rules.vector_axis:
             return rules.lanes
         return rules.dot if rules.dot > 1 and axis == rules.dot_axis else 1
+    if rules.dot > 1 and axis in (rules.vector_axis, rules.dot_axis):
+        return 1  # never overhanging (exact_axes): any divisor of the extent nesting the tile below
     step = 1
     for t in aligning_tensors(expr):
         if axis in t.innermost_axes():
@@ -375,12 +378,17 @@ def size_allowed(extent: int, size: int, lower: int, epsilon: float) -> bool:
     return padding_waste(extent, size) <= epsilon
 
 
-def exact_axes(expr: Expr) -> frozenset[str]:
+def exact_axes(expr: Expr, rules: LevelRules | None = None) -> frozenset[str]:
     """Axes that index an output dimension together with another axis (a grouped convolution's
     ``g * K/groups + j``): a tile overhanging one would write into its neighbour's elements, and neither
     padding (pad_einsum needs plain indices) nor bounds (the accumulator's write-back region spans the
-    combined index) can stop that, so their tiles never overhang."""
-    return frozenset(a for dim in expr.output.index if len(dim) > 1 for a, _ in dim)
+    combined index) can stop that, so their tiles never overhang. Under ``rules`` with dot-product lanes,
+    also the vector and dot axes: an overhang there leaves the plan one lane a step
+    (``dot.program_dot_depth``; EfficientNet's 672 channels in tiles of 64 did)."""
+    out = frozenset(a for dim in expr.output.index if len(dim) > 1 for a, _ in dim)
+    if rules is not None and rules.dot > 1:
+        out |= {rules.vector_axis, rules.dot_axis}
+    return out
 
 
 def next_aligned(extent: int, current: int, step: int, lower: int, epsilon: float,
