@@ -44,7 +44,8 @@ def _module(build, *params):
 @pytest.mark.parametrize("axis_values", [False, True])
 def test_quantizers_as_arithmetic_are_tvms_legalization_exactly(axis_values):
     """quantize then dequantize with constant parameters (one, or one per channel), rewritten into round,
-    clip and casts: bit for bit TVM's legalization, on values on and beside the rounding boundaries."""
+    clip and casts, the dequantize on quantize's float value: bit for bit TVM's legalization, on values on
+    and beside the rounding boundaries and clipped both ways."""
     import tvm
     from tvm import relax
 
@@ -64,6 +65,8 @@ def test_quantizers_as_arithmetic_are_tvms_legalization_exactly(axis_values):
     mod = _module(build, ("x", x.shape, "float32"))
     rewritten, count = quantizers_as_arithmetic(mod)
     assert count == 2 and not {"relax.quantize", "relax.dequantize"} & set(_ops(rewritten))
+    # the dequantize reads quantize's float value, not its uint8 cast back: one cast (to the uint8 output)
+    assert _ops(rewritten).count("relax.astype") == 1, _ops(rewritten)
 
     def run(m):
         vm = relax.VirtualMachine(tvm.compile(m, "llvm"), tvm.cpu())

@@ -157,6 +157,7 @@ def _quantizer_mutator():
         def __init__(self, mod):
             super().__init__(mod)
             self.rewritten = 0
+            self.clipped: set = set()  # the float values (whole numbers in the type's range) quantize casts
 
         def params(self, call):
             """(scale, zero point) shaped to broadcast over the data, when both are constants, else None."""
@@ -180,10 +181,12 @@ def _quantizer_mutator():
             shifted = bb.emit(relax.op.add(scaled, relax.const(zero.astype(np.float32))))
             clipped = bb.emit(relax.op.maximum(bb.emit(relax.op.minimum(shifted, relax.const(np.float32(hi)))),
                                                relax.const(np.float32(lo))))
+            self.clipped.add(clipped)
             return relax.op.astype(clipped, dtype)
 
         def dequantize(self, call, scale, zero):
-            """float(int32(x) - zero) * scale, as TVM's legalization computes it (folded for a constant x)."""
+            """float(int32(x) - zero) * scale, as TVM's legalization computes it (folded for a constant x;
+            from the float value itself where x is a quantize's cast)."""
             data = call.args[0]
             if str(call.attrs.out_dtype) != "float32" or str(data.ty.dtype) not in integer_range:
                 return call
@@ -192,6 +195,12 @@ def _quantizer_mutator():
             if value is not None:
                 return relax.const(((value.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32))
             bb = self.builder_
+            source = _bound(self, data)
+            if _op_name(source) == "relax.astype" and source.args[0] in self.clipped:
+                # dequantize(quantize(x)): the integer is the float value quantize cast, a whole number of
+                # at most 8 bits, so its casts there and back are exact and left out
+                shifted = bb.emit(relax.op.subtract(source.args[0], relax.const(zero.astype(np.float32))))
+                return relax.op.multiply(shifted, relax.const(scale))
             shifted = bb.emit(relax.op.subtract(bb.emit(relax.op.astype(data, "int32")), relax.const(zero)))
             return relax.op.multiply(bb.emit(relax.op.astype(shifted, "float32")), relax.const(scale))
 
