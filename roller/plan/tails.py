@@ -329,6 +329,11 @@ def register_transposes(expr: Expr, top: Mapping[str, int], lanes: int,
     for t in expr.inputs:
         if not t.packed_order or t.name in prepacked:
             continue
+        if any(len(dim) != 1 for dim in t.index):
+            # a dimension indexed by no axis (a reshape's leading 1) or by several (768 = 12 heads x 64):
+            # the copy has no loop of its own per dimension to block (it was a BuildError, and the function
+            # went to TVM's generic schedule: BERT's K transpose in the quantized encoder)
+            continue
         region = t.region(top)
         dims = (len(region) - 1, t.packed_order.index(len(region) - 1))  # the new run, the source's run
 
