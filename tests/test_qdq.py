@@ -78,6 +78,25 @@ def test_quantizers_as_arithmetic_are_tvms_legalization_exactly(axis_values):
     np.testing.assert_array_equal(d1, d0)
 
 
+def test_a_dequantized_int32_bias_folds_to_a_constant():
+    """A QDQ graph's biases are int32 constants dequantized per channel: folded with numpy here, exactly TVM's
+    arithmetic (left to FoldConstant, EfficientNet-B0's 23 took 6.4 of its 10.8 s of legalization)."""
+    from tvm import relax
+
+    bias = np.array([-70000, 3, 0, 123456], np.int32)
+    scale = np.array([1e-4, 0.5, 2.0, 3e-3], np.float32)
+
+    def build(bb, v):
+        b = bb.emit(relax.op.dequantize(relax.const(bias), relax.const(scale), relax.const(np.int32(0)), axis=0))
+        return relax.op.add(v, b)
+
+    mod = _module(build, ("x", (2, 4), "float32"))
+    rewritten, count = quantizers_as_arithmetic(mod)
+    assert count == 1 and "relax.dequantize" not in _ops(rewritten)
+    x = np.zeros((2, 4), np.float32)
+    np.testing.assert_array_equal(_run(rewritten, x), _run(mod, x))
+
+
 def test_a_quantizer_with_a_computed_scale_is_left_alone():
     from tvm import relax
 

@@ -188,8 +188,8 @@ def _quantizer_mutator():
             """float(int32(x) - zero) * scale, as TVM's legalization computes it (folded for a constant x;
             from the float value itself where x is a quantize's cast)."""
             data = call.args[0]
-            if str(call.attrs.out_dtype) != "float32" or str(data.ty.dtype) not in integer_range:
-                return call
+            if str(call.attrs.out_dtype) != "float32" or str(data.ty.dtype) not in (*integer_range, "int32"):
+                return call  # (int32: a QDQ graph's biases)
             scale, zero = scale.astype(np.float32), zero.astype(np.int32)
             value = _constant(self, data)
             if value is not None:
