@@ -58,10 +58,12 @@ def _constant(mutator, expr) -> np.ndarray | None:
 
 def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
     """A quantization parameter (a scalar, or one value per index of ``axis``) shaped to broadcast over a
-    tensor of ``rank`` dimensions."""
-    if values.size == 1:
-        return values.reshape(())
+    tensor of ``rank`` dimensions. A scalar too is a tensor of ``rank`` ones, not 0-d: TVM's legalization
+    writes a 0-d constant into the kernel as a literal, so every QDQ step (its own scale) was a function of
+    its own; a tensor is a parameter, and functions that differ in their scales only are built once."""
     shape = [1] * rank
+    if values.size == 1:
+        return values.reshape(shape)
     shape[axis % rank] = values.size
     return values.reshape(shape)
 
@@ -125,7 +127,7 @@ def _int8_conv_mutator():
                 sums = wq.astype(np.int64).sum(axis=(1, 2, 3)) * zero
                 acc = bb.emit(relax.op.subtract(acc, relax.const(sums.astype(np.int32).reshape(1, -1, 1, 1))))
             scale = (np.float32(sx.reshape(())) * sw.astype(np.float32).reshape(-1)).astype(np.float32)
-            scale = scale.reshape(()) if scale.size == 1 else scale.reshape(1, -1, 1, 1)
+            scale = scale.reshape(1, -1, 1, 1)  # a tensor even where one scale (see _along)
             self.rewritten += 1
             return relax.op.multiply(bb.emit(relax.op.astype(acc, "float32")), relax.const(scale))
 
