@@ -25,34 +25,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from roller.models.relax_rewrite import mutate_functions, static_dims
+from roller.models.relax_rewrite import bound, mutate_functions, op_name, static_dims
 from roller.plan.dot import DOT_DEPTH
-
-
-def _op_name(expr) -> str:
-    """The name of the operator ``expr`` calls ("" for anything else)."""
-    import tvm
-    from tvm import relax
-
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
-
-
-def _bound(mutator, expr):
-    """The expression a dataflow variable is bound to (through chains of variables), else ``expr``."""
-    from tvm import relax
-
-    while isinstance(expr, relax.Var):
-        value = mutator.lookup_binding(expr)
-        if value is None:
-            return expr
-        expr = value
-    return expr
 
 
 def _constant(mutator, expr) -> np.ndarray | None:
     import tvm
 
-    expr = _bound(mutator, expr)
+    expr = bound(mutator, expr)
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
@@ -81,8 +61,8 @@ def _int8_conv_mutator():
         def dequantized(self, expr):
             """(data, scale, zero point, axis) of ``dequantize(data, scale, zero point)`` with constant
             parameters, else None."""
-            expr = _bound(self, expr)
-            if _op_name(expr) != "relax.dequantize" or str(expr.attrs.out_dtype) != "float32":
+            expr = bound(self, expr)
+            if op_name(expr) != "relax.dequantize" or str(expr.attrs.out_dtype) != "float32":
                 return None
             scale, zero = _constant(self, expr.args[1]), _constant(self, expr.args[2])
             if scale is None or zero is None:
@@ -91,7 +71,7 @@ def _int8_conv_mutator():
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if _op_name(call) != "relax.nn.conv2d":
+            if op_name(call) != "relax.nn.conv2d":
                 return call
             attrs = call.attrs
             if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or int(attrs.groups) != 1 \
@@ -197,8 +177,8 @@ def _quantizer_mutator():
             if value is not None:
                 return relax.const(((value.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32))
             bb = self.builder_
-            source = _bound(self, data)
-            if _op_name(source) == "relax.astype" and source.args[0] in self.clipped:
+            source = bound(self, data)
+            if op_name(source) == "relax.astype" and source.args[0] in self.clipped:
                 # dequantize(quantize(x)): the integer is the float value quantize cast, a whole number of
                 # at most 8 bits, so its casts there and back are exact and left out
                 shifted = bb.emit(relax.op.subtract(source.args[0], relax.const(zero.astype(np.float32))))
@@ -208,7 +188,7 @@ def _quantizer_mutator():
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            name = _op_name(call)
+            name = op_name(call)
             if name not in ("relax.quantize", "relax.dequantize"):
                 return call
             params = self.params(call)
@@ -245,19 +225,19 @@ def pads_in_the_permuted_layout(mod, _ctx=None):
     class _Hoist(PyExprMutator):
         def combined(self, x, axes):
             """``permute_dims(x, axes)``, one transpose with the one ``x`` is bound to (none if they cancel)."""
-            source = _bound(self, x)
-            if _op_name(source) == "relax.permute_dims" and source.attrs.axes is not None:
+            source = bound(self, x)
+            if op_name(source) == "relax.permute_dims" and source.attrs.axes is not None:
                 inner = [int(a) for a in source.attrs.axes]
                 x, axes = source.args[0], [inner[a] for a in axes]
             return x if axes == list(range(len(axes))) else relax.op.permute_dims(x, axes)
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if _op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
+            if op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
                 return call
             axes = [int(a) for a in call.attrs.axes]
-            source = _bound(self, call.args[0])
-            if _op_name(source) != "relax.nn.pad" or str(source.attrs.pad_mode) != "constant":
+            source = bound(self, call.args[0])
+            if op_name(source) != "relax.nn.pad" or str(source.attrs.pad_mode) != "constant":
                 return self.combined(call.args[0], axes)
             widths = [int(p) for p in source.attrs.pad_width]
             inner = self.combined(source.args[0], axes)

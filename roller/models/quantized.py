@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roller.models.relax_rewrite import mutate_functions
+from roller.models.relax_rewrite import bound, mutate_functions, op_name
 
 EIGHT_BIT = ("uint8", "int8")
 
@@ -39,26 +39,14 @@ def _integer_matmul_mutator():
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    def op_name(expr) -> str:
-        return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
-
     @mutator
     class _Narrow(PyExprMutator):
         def __init__(self, mod):
             super().__init__(mod)
             self.rewritten = 0
 
-        def bound(self, expr):
-            """The expression a dataflow variable is bound to (the expression itself otherwise)."""
-            while isinstance(expr, relax.Var):
-                value = self.lookup_binding(expr)
-                if value is None:
-                    return expr
-                expr = value
-            return expr
-
         def constant(self, expr):
-            expr = self.bound(expr)
+            expr = bound(self, expr)
             if isinstance(expr, tvm.ir.expr.Constant):
                 return expr.value.numpy()
             if op_name(expr) == "relax.astype":  # a constant widened (the importer's astype(zero point, int32))
@@ -71,10 +59,10 @@ def _integer_matmul_mutator():
 
         def widened(self, expr):
             """(the 8-bit tensor, its zero point or None) when ``expr`` is ``astype(x8, int32) [- z]``, else None."""
-            expr = self.bound(expr)
+            expr = bound(self, expr)
             zero = None
             if op_name(expr) == "relax.subtract":
-                expr, zero = self.bound(expr.args[0]), expr.args[1]
+                expr, zero = bound(self, expr.args[0]), expr.args[1]
             if op_name(expr) != "relax.astype" or str(expr.attrs.dtype) != "int32":
                 return None
             x = expr.args[0]

@@ -1,5 +1,5 @@
-"""What roller's Relax rewrites share: running a ``PyExprMutator`` over every Relax function of a module, and
-a Relax tensor type's static shape."""
+"""What roller's Relax rewrites share: running a ``PyExprMutator`` over every Relax function of a module, a
+Relax tensor type's static shape, the operator a call names and the expression a variable is bound to."""
 from __future__ import annotations
 
 
@@ -20,3 +20,24 @@ def static_dims(ty) -> tuple[int, ...] | None:
     if values is None or not all(hasattr(d, "value") for d in values):
         return None
     return tuple(int(d.value) for d in values)
+
+
+def op_name(expr) -> str:
+    """The name of the operator ``expr`` calls ("" for anything else)."""
+    import tvm
+    from tvm import relax
+
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
+
+
+def bound(mutator, expr):
+    """The expression a dataflow variable is bound to, through chains of variables (a ``PyExprMutator``'s
+    bindings), else ``expr``."""
+    from tvm import relax
+
+    while isinstance(expr, relax.Var):
+        value = mutator.lookup_binding(expr)
+        if value is None:
+            return expr
+        expr = value
+    return expr
