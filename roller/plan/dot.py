@@ -99,7 +99,7 @@ def program_dot_depth(expr: Expr, tiles: Sequence[Mapping[str, int]], device, ve
     if depth == 1:
         return 1
     act, weight = dot_operands(expr, vector_axis)
-    k = dot_axis(expr, vector_axis)
+    k = act.innermost_axes()[0]  # the dot axis
     if (weight.name not in prepacked or act.name in inlined or tiles[0][k] % depth
             or {k, vector_axis} & set(overhanging)):
         return 1
