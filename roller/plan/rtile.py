@@ -237,15 +237,18 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
     axis): a fused epilogue's residual, or a GEMV's bias. They are read once per output point when the
     finished accumulators are written back, not held or re-read during the reduction; counted in the
     register tile they halved the tiles of BERT's and ResNet's residual matmuls and convs and of the
-    classifiers' GEMVs. A bias of a longer output (some output axes only) stays counted: excluding it too
-    was net neutral (docs/design-notes.md#rtile-epilogue_inputs)."""
+    classifiers' GEMVs. So are inputs of one element (a QDQ graph's scale as a [1, 1, 1, 1]
+    tensor: eight of them made the model predict a QDQ convolution 2x slower and pick half its register tile).
+    A bias of a longer output (some output axes only) stays counted: excluding it too was net neutral
+    (docs/design-notes.md#rtile-epilogue_inputs)."""
     found = expr.__dict__.get("_epilogue_inputs")  # once per Expr: construction asks per tile
     if found is None:
         found = frozenset()
         if expr.reduce_axes:
             reduce = {a.name for a in expr.reduce_axes}
             out = {a.name for a in expr.axes if a.name in expr.output.axes and a.extent > 1}
-            found = frozenset(t.name for t in expr.inputs if t.index and not (t.axes & reduce) and t.axes >= out)
+            found = frozenset(t.name for t in expr.inputs
+                              if t.index and not (t.axes & reduce) and (t.axes >= out or math.prod(t.shape) == 1))
         object.__setattr__(expr, "_epilogue_inputs", found)
     return found
 
