@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roller.models.relax_rewrite import bound, mutate_functions, op_name, static_dims
+from roller.models.relax_rewrite import bound, mutate_functions, op_name, rewrite_counted, static_dims
 from roller.plan.dot import DOT_DEPTH
 
 
@@ -119,13 +119,7 @@ def int8_convolutions(mod):
     point) and a dequantized constant int8 weight (zero points 0, one scale or one per output channel)
     rewritten as an int32 convolution of the 8-bit tensors (see the module's docstring), and how many were.
     Grouped convolutions and other operand types keep the float convolution, correct."""
-    from tvm import relax
-
-    rewrite = _int8_conv_mutator()(mod)
-    out = mutate_functions(rewrite, mod)
-    if rewrite.rewritten:
-        out = relax.transform.DeadCodeElimination()(out)
-    return out, rewrite.rewritten
+    return rewrite_counted(_int8_conv_mutator()(mod), mod)
 
 
 def _quantizer_mutator():
@@ -205,13 +199,7 @@ def quantizers_as_arithmetic(mod):
     """``(mod, count)``: each ``quantize`` / ``dequantize`` with constant parameters (a scalar, or one per
     index of its axis) written as the elementwise operators of TVM's legalization, whose layout
     ConvertLayout can convert; a dequantized constant folded with numpy."""
-    from tvm import relax
-
-    rewrite = _quantizer_mutator()(mod)
-    out = mutate_functions(rewrite, mod)
-    if rewrite.rewritten:
-        out = relax.transform.DeadCodeElimination()(out)
-    return out, rewrite.rewritten
+    return rewrite_counted(_quantizer_mutator()(mod), mod)
 
 
 def pads_in_the_permuted_layout(mod, _ctx=None):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roller.models.relax_rewrite import bound, mutate_functions, op_name
+from roller.models.relax_rewrite import bound, op_name, rewrite_counted
 
 EIGHT_BIT = ("uint8", "int8")
 
@@ -101,10 +101,4 @@ def narrow_integer_matmuls(mod):
     """``(mod, count)``: ``mod`` with every int32 matmul of widened 8-bit operands and a constant right-hand
     side rewritten on the 8-bit operands (see the module's docstring), and how many were; unused
     bindings left behind are removed."""
-    from tvm import relax
-
-    narrow = _integer_matmul_mutator()(mod)
-    out = mutate_functions(narrow, mod)
-    if narrow.rewritten:
-        out = relax.transform.DeadCodeElimination()(out)
-    return out, narrow.rewritten
+    return rewrite_counted(_integer_matmul_mutator()(mod), mod)

@@ -14,6 +14,17 @@ def mutate_functions(mutator, mod):
     return mutator.builder_.get()
 
 
+def rewrite_counted(mutator, mod):
+    """``(module, count)``: :func:`mutate_functions` of ``mutator`` (one that counts its rewrites in
+    ``rewritten``), with the bindings the rewrites left unused removed where there were any."""
+    from tvm import relax
+
+    out = mutate_functions(mutator, mod)
+    if mutator.rewritten:
+        out = relax.transform.DeadCodeElimination()(out)
+    return out, mutator.rewritten
+
+
 def static_dims(ty) -> tuple[int, ...] | None:
     """The static shape of a Relax tensor type (a var's or call's ``ty``), else None."""
     values = getattr(getattr(ty, "shape", None), "values", None)
