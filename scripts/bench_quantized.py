@@ -43,15 +43,16 @@ from roller.measure.timing import paired_ratio, time_rounds  # noqa: E402
 
 @contextlib.contextmanager
 def _widened():
-    """roller's compile of the importer's graph as it is: the integer matmuls keep their int32 operands."""
-    from roller.models import quantized
+    """roller's compile of the importer's graph as it is: the integer matmuls keep their int32 operands
+    (switched off where ``legalize_and_fuse`` calls it: relax_steps holds its own name for it)."""
+    from roller.models import relax_steps
 
-    keep = quantized.narrow_integer_matmuls
-    quantized.narrow_integer_matmuls = lambda mod: (mod, 0)
+    keep = relax_steps.narrow_integer_matmuls
+    relax_steps.narrow_integer_matmuls = lambda mod: (mod, 0)
     try:
         yield
     finally:
-        quantized.narrow_integer_matmuls = keep
+        relax_steps.narrow_integer_matmuls = keep
 
 
 def _matmul_engines(shape: str, dev, threads: int, row: dict) -> list:
