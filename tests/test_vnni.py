@@ -12,7 +12,7 @@ import pytest
 from roller.builder.api import analyze
 from roller.device.host import cpu_flags
 from roller.device.load import load_device
-from roller.plan.dot import DOT_DEPTH, dot_axis, dot_depth, has_vnni
+from roller.plan.dot import AMX_FEATURES, DOT_DEPTH, dot_axis, dot_depth, has_vnni, target_features
 from roller.plan.rprogram import RProgram
 from roller.targets import construct
 
@@ -26,6 +26,11 @@ needs_avx_vnni = pytest.mark.skipif("avx_vnni" not in HOST_FLAGS,
 def _with_mattr(device, mattr):
     return dataclasses.replace(device, target={**{k: v for k, v in device.target.items() if k != "mattr"},
                                                **({"mattr": mattr} if mattr else {})})
+
+
+def _vnni(device):
+    """``device`` without AMX's features: the plans then run VNNI's dot lanes (tests/test_amx.py takes AMX)."""
+    return _with_mattr(device, [f for f in target_features(device) if f not in AMX_FEATURES])
 
 
 def _matmul(m: int, k: int, n: int, a_dtype: str = "uint8", transposed: bool = False):
@@ -112,6 +117,7 @@ def test_plans_run_dot_lanes_on_a_prepacked_weight_at_the_int8_peak():
     (128, 768, 256, False, False),
 ])
 def test_vnni_kernel_is_exact(device, m, k, n, transposed, extreme):
+    device = _vnni(device)
     assert has_vnni(device)
     expr, norm = _matmul(m, k, n, transposed=transposed)
     program = construct(expr, device, 1, frozenset({"B"})).programs[0]
@@ -135,6 +141,7 @@ def test_vnni_convolution_is_exact(device, n, size, c, o, k, stride, pad):
     other reduced axes in loops above: exactly numpy's int32 convolution, with vpdpbusd."""
     from tvm.topi.testing import conv2d_nhwc_python
 
+    device = _vnni(device)
     expr, norm = _conv(n, size, c, o, k, stride, pad)
     assert dot_depth(expr, device, "ff") == DOT_DEPTH
     program = construct(expr, device, 1, frozenset({"B"})).programs[0]

@@ -18,7 +18,7 @@ _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 # CPU flags (/proc/cpuinfo) whose LLVM feature the CPU name LLVM detects may lack (a VM can report an
 # older model than the features it has): passed as the target's mattr so the code uses them.
 _LLVM_FEATURES = {"avx512_fp16": "+avx512fp16", "avx512_bf16": "+avx512bf16", "avx512_vnni": "+avx512vnni",
-                  "avx_vnni": "+avxvnni"}
+                  "avx_vnni": "+avxvnni", "amx_tile": "+amx-tile", "amx_int8": "+amx-int8"}
 
 
 def cpu_count() -> int:

@@ -86,7 +86,7 @@ class ComputeUnits:
     reorder_window: int = 0
     prefetch_streams: int = 0
     speed_spread: float = 0.0
-    tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # GPU tensor cores, by input dtype
+    tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # matrix units (GPU tensor cores, x86 AMX), by input dtype
 
     def lanes(self, dtype: str) -> int:
         """Elements one minimum schedulable unit handles: SIMD lanes on a CPU, warp size on a GPU."""

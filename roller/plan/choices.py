@@ -22,7 +22,7 @@ from roller.device.spec import Device
 from roller.plan.cost import estimate, rebalanced
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.loops import axis_factors, serial_tail, vector_tail_split  # noqa: F401 (re-exported)
-from roller.plan.dot import program_dot_depth
+from roller.plan.dot import is_amx_tile, program_dot_depth
 from roller.plan.prepack import packed_layout, prepackable
 from roller.plan.residency import balances
 from roller.plan.rprogram import RProgram
@@ -68,7 +68,7 @@ def balanced_grid(expr: Expr, program: RProgram, device: Device, seconds: float)
 def main_loops(expr: Expr, program: RProgram, device: Device) -> tuple[int, list[tuple[str, int, str]]] | None:
     """The loops of the main block below its parallel grid loop as the CPU schedule makes them, outer first,
     each (axis, extent, kind), and how many of them step over top tiles (the held grid loop and the
-    reduction's top tiles); None without a parallel grid loop."""
+    reduction's top tiles); None without a parallel grid loop. An AMX plan's register tile has none."""
     lanes = compute_lanes(expr, device)
     va, n = program.vector_axis, len(program.tiles)
     f = axis_factors(expr, program.tiles, va, lanes)
@@ -89,6 +89,8 @@ def main_loops(expr: Expr, program: RProgram, device: Device) -> tuple[int, list
     else:
         for p in pos:
             levels += level(spatial, p) + level(reduce, p)
+    if program.amx:  # the register tile is one tensorized unit, no loops (targets/cpu/amx.py)
+        return len(units), units + levels
     reg = {a: f[a][-1] for a in f}
     rolled = rolled_reduce_axes(expr, reg, va, lanes,
                                 device.private_levels[0].capacity_bytes // device.units.vector_bytes)
@@ -186,6 +188,8 @@ def plan_choices(expr: Expr, tiles: Sequence[Mapping[str, int]], device: Device,
         held_grid=held_grid(expr, tiles, vector_axis, lanes, predicated),
         dot_depth=program_dot_depth(expr, tiles, device, vector_axis, prepacked, padded + predicated, inlined),
         epsilon=epsilon)
+    if program.dot_depth > 1 and is_amx_tile(expr, device, vector_axis, tiles[0]):
+        program = dataclasses.replace(program, amx=True)
     return dataclasses.replace(program, prefetched=prefetched_inputs(expr, program, device))
 
 

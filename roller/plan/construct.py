@@ -21,6 +21,7 @@ from roller.device.spec import Device
 from roller.errors import InvalidShapeError, UnsupportedExpressionError
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.choices import estimated, plan_choices
+from roller.plan.dot import amx_register_tiles, is_amx_tile
 from roller.plan.cost import Estimate, compute_rate, rank, source_bandwidth, tensor_bytes
 from roller.plan.panels import panel_tiles
 from roller.plan.rprogram import RProgram
@@ -90,7 +91,8 @@ def _compute_bound(expr: Expr, tile: Mapping[str, int], rules: LevelRules, devic
     charged one lane a step, ``dot.program_dot_depth``, only its tiles grew for the faster rate)."""
     lanes = compute_lanes(expr, device)  # no plan yet: the partial sums this register tile would keep
     compute = expr.flops / (compute_rate(expr, reg, device, rules.vector_axis,
-                                         partial_sums(expr, reg, rules.vector_axis, lanes), dot=rules.dot) * 1e9)
+                                         partial_sums(expr, reg, rules.vector_axis, lanes), dot=rules.dot,
+                                         amx=is_amx_tile(expr, device, rules.vector_axis, reg)) * 1e9)
     return traffic(expr, tile, rules) / (below_bw_gbps * 1e9) <= compute
 
 
@@ -341,6 +343,10 @@ def _plans(expr: Expr, device: Device, eps: float, bounds: Mapping[str, int],
     walk(0, [])
     if not out:
         walk(0, [], rescue=True)
+    if n > 1:  # register tiles of AMX's tile registers (roller.plan.dot), each grown level by level above
+        for reg in amx_register_tiles(expr, device, vector_axis, device.private_levels[1].usable_bytes):
+            if all(reg[a] <= b for a, b in bounds.items()):
+                walk(1, [reg])
     # the first cache level's tile as a panel (roller.plan.panels), once per register and upper tiles
     seen = {_tiles_key(p) for p in out}
     for p in list(out):

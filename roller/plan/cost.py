@@ -39,6 +39,7 @@ import math
 from typing import Mapping, Sequence
 
 from roller.device.spec import Device
+from roller.plan.dot import amx_efficiency
 from roller.plan.expr import REDUCE, Expr
 from roller.plan.loops import serial_tail, vector_tail_split
 # the estimate's terms, the ranking and the data's residency live in their own modules; their names are
@@ -118,13 +119,17 @@ def accumulation_chain(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_ax
 
 
 def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis: str | None,
-                 partial_sums: bool, chain: float | None = None, dot: int = 1) -> float:
+                 partial_sums: bool, chain: float | None = None, dot: int = 1, amx: bool = False) -> float:
     """GFLOP/s one unit issues with this register tile: the accumulation type's peak, scaled by the
     accumulator efficiency (``chain``: see there); a reduced vector axis without vector partial sums
     (``partial_sums``: the plan's ``RProgram.partial_sums``, or ``tails.partial_sums`` of a register tile
     before there is a plan) runs scalar (1 / lanes). Dot-product lanes (``dot``: ``RProgram.dot_depth``, 4
     with VNNI) run at the int8 peak (``peak_gflops.int8``, what the VNNI microbenchmark measures), their
-    accumulators taking one step per ``dot`` reduce elements."""
+    accumulators taking one step per ``dot`` reduce elements. A register tile on AMX's tile registers
+    (``amx``: ``RProgram.amx``) runs at the matrix unit's int8 peak (``tensor_peak_gflops.int8``) times
+    ``dot.amx_efficiency``."""
+    if amx:
+        return device.units.tensor_peak_gflops["int8"] * amx_efficiency(expr, reg, vector_axis)
     lanes = compute_lanes(expr, device)
     if dot > 1 and chain is not None:
         chain /= dot
@@ -133,6 +138,16 @@ def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis
     if vector_axis is not None and expr.axis(vector_axis).kind == REDUCE and not partial_sums:
         peak /= lanes
     return peak
+
+
+def amx_register_bytes(expr: Expr, reg: Mapping[str, int]) -> int:
+    """Bytes an AMX plan's tile loads and stores move between L1 and the tile registers (``RProgram.amx``):
+    each register tile loads the activation's rows and the weight's columns it reduces over once, as
+    64-byte tile rows, and its int32 accumulator tiles in and out once (``targets.cpu.amx``)."""
+    total, _ = tile_counts(expr, reg)
+    reduce = {a.name for a in expr.reduce_axes}
+    operands = sum(math.prod(t.region(reg)) * t.elem_bytes for t in expr.inputs if t.axes & reduce)
+    return total * (operands + 2 * 4 * math.prod(expr.output.region(reg)))
 
 
 def accumulator_parent(expr: Expr, tiles: Sequence[Mapping[str, int]], index: int,
@@ -248,7 +263,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     waves = math.ceil(spatial / device.units.count)
     lanes = compute_lanes(expr, device)
     rate = compute_rate(expr, tiles[0], device, vector_axis, program.partial_sums,
-                        accumulation_chain(expr, tiles, vector_axis, lanes), program.dot_depth)
+                        accumulation_chain(expr, tiles, vector_axis, lanes), program.dot_depth, program.amx)
     if serial_tail(expr, program, lanes):  # the rule code generation splits the last top tile off by
         waves = math.ceil((spatial - 1) / device.units.count) + 1  # the split-off last top tile runs alone
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
@@ -264,6 +279,8 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     for i, (lv, tile) in enumerate(zip(levels, tiles)):
         rules = LevelRules.of(device, i, expr, vector_axis)
         q = traffic(expr, tile, rules, accumulator_parent(expr, tiles, i, vector_axis))
+        if i == 0 and program.amx:
+            q = amx_register_bytes(expr, tile)
         if i == len(levels) - 1:
             q += (copies + short_row_bytes(expr, tile, rules, device) - repeated_fill_bytes(expr, tile, rules)
                   - halo_bytes(expr, tile, rules, vector_axis, predicated))

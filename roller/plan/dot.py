@@ -10,11 +10,23 @@ vector's 4 x lanes bytes contiguous, as the instruction reads them), and the mod
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
 
 DOT_DEPTH = 4  # products each int32 lane sums per vpdpbusd
+# AMX (Sapphire Rapids and later): 8 tile registers of 16 rows x 64 bytes; tdpbusd adds to a tile of 16 x 16
+# int32 the products of a 16 x 64 u8 tile and a 64-deep s8 tile laid out [16, 16, 4] (VNNI's 4-deep packing)
+AMX_FEATURES = ("+amx-tile", "+amx-int8")
+AMX_ROWS = 16     # rows of a tile register
+AMX_COLUMNS = 16  # int32 accumulators in a tile row (64 bytes)
+AMX_DEPTH = 64    # reduce elements one tdpbusd sums into each accumulator
+AMX_TILES = 8     # tile registers
+# accumulator tiles that keep the matrix unit busy: tdpbusd issues one every 16 cycles and takes 52 before its
+# accumulator is ready again (Intel's optimization manual, "AMX"): ceil(52 / 16) independent tiles
+AMX_TILES_FOR_PEAK = 4
+AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))  # register tiles (rows, columns) the tile registers hold
 
 # LLVM target features (the device's target mattr) with which vpdpbusd exists at a vector width (bytes):
 # AVX-512 VNNI for zmm; AVX-VNNI (or AVX-512 VNNI with VL) for ymm
@@ -104,3 +116,69 @@ def program_dot_depth(expr: Expr, tiles: Sequence[Mapping[str, int]], device, ve
             or {k, vector_axis} & set(overhanging)):
         return 1
     return depth
+
+
+def has_amx(device) -> bool:
+    """Whether the device's target runs AMX's int8 tiles (its mattr names amx-tile and amx-int8)."""
+    return device.kind == "cpu" and set(AMX_FEATURES) <= target_features(device)
+
+
+def amx_rows(expr: Expr, device, vector_axis: str | None) -> str | None:
+    """The axis an AMX register tile takes its rows along, where ``expr`` can run on AMX tiles with
+    ``vector_axis`` as the columns, else None: the device has AMX and VNNI's dot lanes
+    (:func:`dot_depth`), the reduction is the dot axis alone (a matmul's K, a whole number of 64-deep
+    steps), and the activation's other axis with a tile of rows is one spatial axis indexing the dimension
+    right above the dot axis (rows read in place at the activation's stride), 16 rows a tile."""
+    if not has_amx(device) or dot_depth(expr, device, vector_axis) != DOT_DEPTH or len(expr.reduce_axes) != 1:
+        return None
+    act, _ = dot_operands(expr, vector_axis)
+    k = expr.reduce_axes[0]
+    if k.extent % AMX_DEPTH or expr.axis(vector_axis).extent % AMX_COLUMNS:
+        return None
+    rows = [a for a in act.axes if a != k.name and expr.axis(a).extent > 1]
+    if len(rows) != 1 or plain_dim(act, rows[0]) != len(act.index) - 2 or expr.axis(rows[0]).extent % AMX_ROWS:
+        return None
+    return rows[0]
+
+
+def amx_register_tiles(expr: Expr, device, vector_axis: str | None, l1_bytes: int) -> list[dict[str, int]]:
+    """The register tiles an AMX plan may take (``RProgram.amx``): rows x columns of :data:`AMX_SHAPES` that
+    divide the axes, every other spatial axis 1, and along the reduction a whole number of 64-deep steps
+    that divides it (the tile registers run it in one tensorized unit, the activation's rows and the
+    weight's columns streaming from L1: their bytes within half of ``l1_bytes``), powers of two and the
+    whole reduction."""
+    rows = amx_rows(expr, device, vector_axis)
+    if rows is None:
+        return []
+    k = expr.reduce_axes[0]
+    n = expr.axis(vector_axis).extent
+    m = expr.axis(rows).extent
+    out = []
+    for r, c in AMX_SHAPES:
+        if m % r or n % c:
+            continue
+        depths = sorted({d for d in [AMX_DEPTH << i for i in range(12)] + [k.extent]
+                         if k.extent % d == 0 and (r + c) * d <= l1_bytes // 2})
+        for d in depths:
+            tile = {a.name: 1 for a in expr.axes}
+            tile.update({rows: r, vector_axis: c, k.name: d})
+            out.append(tile)
+    return out
+
+
+def is_amx_tile(expr: Expr, device, vector_axis: str | None, reg: Mapping[str, int]) -> bool:
+    """Whether a register tile is one :func:`amx_register_tiles` makes: the plans whose register tile runs on
+    AMX's tile registers (``RProgram.amx``), decided by the tile alone."""
+    rows = amx_rows(expr, device, vector_axis)
+    if rows is None:
+        return False
+    k = expr.reduce_axes[0].name
+    return ((reg[rows], reg[vector_axis]) in AMX_SHAPES and reg[k] % AMX_DEPTH == 0
+            and all(v == 1 for a, v in reg.items() if a not in (rows, vector_axis, k)))
+
+
+def amx_efficiency(expr: Expr, reg: Mapping[str, int], vector_axis: str | None) -> float:
+    """Fraction of the matrix unit's peak an AMX register tile issues: its accumulator tiles over
+    :data:`AMX_TILES_FOR_PEAK` (each waits for its previous tdpbusd)."""
+    tiles = math.prod(reg[a] for a in expr.output.axes if a in reg) // (AMX_ROWS * AMX_COLUMNS)
+    return min(1.0, max(1, tiles) / AMX_TILES_FOR_PEAK)

@@ -51,6 +51,9 @@ class RProgram:
     # reduce elements each lane of the register tile sums per instruction (roller.plan.dot): 4 where VNNI's
     # vpdpbusd runs a u8 x s8 matmul on a weight prepacked four deep; 1 otherwise
     dot_depth: int = 1
+    # the register tile runs on AMX tile registers (roller.plan.dot.amx_tiles): 16-row int32 accumulator tiles
+    # kept over the reduction of the tile above, tdpbusd 64 bytes deep; dot_depth stays 4 (the weight's layout)
+    amx: bool = False
     predicted_seconds: float = math.nan
     compute_seconds: float = math.nan
     memory_seconds: Mapping[str, float] = field(default_factory=dict)  # level -> seconds to fill it
@@ -72,11 +75,11 @@ class RProgram:
     def key(self) -> tuple:
         """Identity of the plan: tiles and every layout choice (vector axis, packing, tails, partial sums,
         inlined padding stages, prepacked inputs), code generation's choices (balancing, prefetches, register
-        transposes, the held grid loop, the dot depth) and a GPU plan's choices (``GpuPlan.key``)."""
+        transposes, the held grid loop, the dot depth, AMX) and a GPU plan's choices (``GpuPlan.key``)."""
         return (tuple(tuple(sorted(t.items())) for t in self.tiles), self.vector_axis, self.packed,
                 tuple(sorted(self.storage_pad.items())), self.padded, self.predicated, self.partial_sums,
                 tuple(sorted(self.layouts.items())), self.inlined, self.prepacked,
-                self.balanced, self.prefetched, self.register_transposes, self.held_grid, self.dot_depth) + \
+                self.balanced, self.prefetched, self.register_transposes, self.held_grid, self.dot_depth, self.amx) + \
             (() if self.gpu is None else (self.gpu.key,))
 
     def problem(self, axes: list[str]) -> str | None:
@@ -105,7 +108,7 @@ class RProgram:
             "prepacked": list(self.prepacked), "constants": list(self.constants),
             "balanced": self.balanced, "prefetched": list(self.prefetched),
             "register_transposes": list(self.register_transposes), "held_grid": self.held_grid,
-            "dot_depth": self.dot_depth,
+            "dot_depth": self.dot_depth, "amx": self.amx,
             "predicted_seconds": self.predicted_seconds, "compute_seconds": self.compute_seconds,
             "memory_seconds": dict(self.memory_seconds), "footprint_bytes": dict(self.footprint_bytes),
             "traffic_bytes": dict(self.traffic_bytes), "epsilon": self.epsilon,
@@ -127,7 +130,7 @@ class RProgram:
             prepacked=tuple(d.get("prepacked", ())), constants=tuple(d.get("constants", ())),
             balanced=bool(d.get("balanced", False)), prefetched=tuple(d.get("prefetched", ())),
             register_transposes=tuple(d.get("register_transposes", ())), held_grid=d.get("held_grid"),
-            dot_depth=int(d.get("dot_depth", 1)),
+            dot_depth=int(d.get("dot_depth", 1)), amx=bool(d.get("amx", False)),
             predicted_seconds=float(d.get("predicted_seconds", math.nan)),
             compute_seconds=float(d.get("compute_seconds", math.nan)),
             memory_seconds=dict(d.get("memory_seconds", {})), footprint_bytes=dict(d.get("footprint_bytes", {})),

@@ -38,6 +38,7 @@ from roller.plan.rtile import clamp_tiles, compute_lanes
 from roller.plan.choices import serial_tail, vector_tail_split
 from roller.plan.tails import rolled_reduce_axes, tiling_extents
 from roller.targets.cpu.prefetch import prefetch_prepacked
+from roller.targets.cpu.amx import register_amx, with_tile_state
 from roller.targets.cpu.vnni import register_vnni
 from roller.tir.tirtree import with_main
 from roller.targets.cpu.transpose import in_registers, mark as register_transpose
@@ -308,7 +309,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if vec is not None and vec.levels[0] is not None:
         vloop = vec.levels[0]
         vext = _loop_extent(sch, vloop)
-        if vext > lanes:
+        if vext > lanes and not program.amx:  # an AMX register tile is one tensorized unit (below)
             # whole vectors; a tile wider than a short axis (84 channels in a 96-wide tile) keeps its
             # overhang as a predicated last vector: vectorized whole, it runs far slower
             # (docs/design-notes.md#schedule-schedule_cpu)
@@ -324,7 +325,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                 sch.annotate(vloop, PARTITION_HINT, 1)
     rolled = rolled_reduce_axes(expr, {a.name: a.sizes[0] for a in axes}, vname, lanes,
                                 device.private_levels[0].capacity_bytes // device.units.vector_bytes)
-    for a in axes:
+    for a in axes if not program.amx else ():  # an AMX register tile's loops are tensorized (below)
         if (a is not vec and a.name not in rolled and a.levels[0] is not None
                 and _loop_extent(sch, a.levels[0]) > 1):
             sch.unroll(a.levels[0])
@@ -343,9 +344,13 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         blocks = {n: layout.block_elements() for n, layout in layouts.items()}
         blocks = {n: e for n, e in blocks.items() if n in program.prefetched}
         name = sch.get(block).name_hint
+        if program.amx:  # the register tile one block before the prefetch's edit, which stops above it
+            name = _tensorize_amx(sch, name, expr, program, len(present([a.levels[0] for a in axes])) + 1)
         sch = prefetch_prepacked(sch, name, blocks, len(prefix) - 1 if grid is not None else 0,
                                  device.private_levels[-1].transaction_bytes)
-        if dot is not None:
+        if program.amx:
+            sch = with_tile_state(sch)
+        elif dot is not None:
             # the register tile's vector and its dot step, one vpdpbusd (the schedule is the prefetch's edit:
             # the loops are found again, the vector loop second innermost)
             sch.tensorize(sch.get_loops(sch.get_sblock(name))[-2], register_vnni(lanes, ACCUMULATOR_SCOPE))
@@ -353,6 +358,33 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)} or runs dot-product lanes "
                          f"(depth {program.dot_depth}) on a weight it does not prepack")
     return with_main(sch, in_registers(sch.mod["main"]))
+
+
+def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, count: int) -> str:
+    """The register tile of an AMX plan (``RProgram.amx``), one tensorized unit (``roller.targets.cpu.amx``);
+    returns the name of its block. The tile's ``count`` loops, the innermost of block ``name``, are the
+    reduction's 4-deep groups, the rows, the columns and the dot step, and loops of one iteration (an axis
+    of extent 1), moved above them. A BuildError where they are not that."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    reg = program.tiles[0]
+    k = dot_axis(expr, program.vector_axis)
+    rows = next((a.name for a in expr.spatial_axes if reg[a.name] > 1 and a.name != program.vector_axis), None)
+    unit = sch.get_loops(sch.get_sblock(name))[-count:]
+    ones = [lp for lp in unit if _loop_extent(sch, lp) == 1]
+    if k is None or rows is None or len(unit) - len(ones) != 4:
+        raise BuildError(f"{expr.name}: the plan runs on AMX tiles, but its register tile has no rows, columns "
+                         f"and reduction to tensorize")
+    if ones:
+        sch.reorder(*ones, *[lp for lp in unit if _loop_extent(sch, lp) > 1])
+    try:
+        unit = sch.blockize(sch.get_loops(sch.get_sblock(name))[-4])
+        unit_name = sch.get(unit).name_hint
+        sch.tensorize(unit, register_amx(reg[rows], reg[program.vector_axis], reg[k], ACCUMULATOR_SCOPE))
+        return unit_name
+    except (ScheduleError, ValueError) as e:
+        raise BuildError(f"{expr.name}: the AMX register tile {dict(reg)} does not tensorize: "
+                         f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}") from e
 
 
 def _dot_loop(sch, expr: Expr, program: RProgram, reduce: list[_AxisLoops], vec: _AxisLoops | None, lanes: int):
