@@ -116,7 +116,8 @@ class RollerRule(Rule):
             return Declined(f"planned but not scheduled: {_first_line(e)}")
         plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                 "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
-                "vector_axis": program.vector_axis, "dot_depth": program.dot_depth, "grid": dict(program.grid),
+                "vector_axis": program.vector_axis, "dot_depth": program.dot_depth, "amx": program.amx,
+                "grid": dict(program.grid),
                 "balanced": program.balanced, "prefetched": list(program.prefetched),
                 "predicted_seconds": program.predicted_seconds}
         return Scheduled(sch, plan, tuple(notes), prepacked)

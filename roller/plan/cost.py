@@ -129,7 +129,7 @@ def compute_rate(expr: Expr, reg: Mapping[str, int], device: Device, vector_axis
     (``amx``: ``RProgram.amx``) runs at the matrix unit's int8 peak (``tensor_peak_gflops.int8``) times
     ``dot.amx_efficiency``."""
     if amx:
-        return device.units.tensor_peak_gflops["int8"] * amx_efficiency(expr, reg, vector_axis)
+        return device.units.tensor_peak_gflops["int8"] * amx_efficiency(expr, device, vector_axis, reg)
     lanes = compute_lanes(expr, device)
     if dot > 1 and chain is not None:
         chain /= dot

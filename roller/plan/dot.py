@@ -10,7 +10,7 @@ vector's 4 x lanes bytes contiguous, as the instruction reads them), and the mod
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from roller.plan.expr import REDUCE, Expr, TensorAccess, plain_dim
@@ -23,10 +23,14 @@ AMX_ROWS = 16     # rows of a tile register
 AMX_COLUMNS = 16  # int32 accumulators in a tile row (64 bytes)
 AMX_DEPTH = 64    # reduce elements one tdpbusd sums into each accumulator
 AMX_TILES = 8     # tile registers
-# accumulator tiles that keep the matrix unit busy: tdpbusd issues one every 16 cycles and takes 52 before its
-# accumulator is ready again (Intel's optimization manual, "AMX"): ceil(52 / 16) independent tiles
-AMX_TILES_FOR_PEAK = 4
-AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))  # register tiles (rows, columns) the tile registers hold
+# Measured on a Sapphire Rapids core (one thread, operands in L1; docs/models.md, "AMX"): a tdpbusd on tiles
+# it fills in part (fewer rows, a shallower step) takes AMX_PARTIAL_BASE + (1 - AMX_PARTIAL_BASE) x the share
+# of a full one's time; a register tile's accumulator loads and stores take AMX_ACCUMULATOR_MOVES tdpbusd
+# times over its accumulator tiles, at least one a tile (one tile: its loads, product and store wait on
+# each other).
+AMX_PARTIAL_BASE = 0.5
+AMX_ACCUMULATOR_MOVES = 3.0
+AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))  # register tiles (rows of full tiles, columns) the tile registers hold
 
 # LLVM target features (the device's target mattr) with which vpdpbusd exists at a vector width (bytes):
 # AVX-512 VNNI for zmm; AVX-VNNI (or AVX-512 VNNI with VL) for ymm
@@ -123,45 +127,83 @@ def has_amx(device) -> bool:
     return device.kind == "cpu" and set(AMX_FEATURES) <= target_features(device)
 
 
-def amx_rows(expr: Expr, device, vector_axis: str | None) -> str | None:
-    """The axis an AMX register tile takes its rows along, where ``expr`` can run on AMX tiles with
-    ``vector_axis`` as the columns, else None: the device has AMX and VNNI's dot lanes
-    (:func:`dot_depth`), the reduction is the dot axis alone (a matmul's K, a whole number of 64-deep
-    steps), and the activation's other axis with a tile of rows is one spatial axis indexing the dimension
-    right above the dot axis (rows read in place at the activation's stride), 16 rows a tile."""
-    if not has_amx(device) or dot_depth(expr, device, vector_axis) != DOT_DEPTH or len(expr.reduce_axes) != 1:
+@dataclass(frozen=True)
+class AmxLayout:
+    """How an expression's register tile sits on AMX's tiles (:func:`amx_layout`): rows along ``rows`` (the
+    activation's dimension right above its reduced contiguous one, each row ``row_step`` elements of that
+    dimension after the previous: a strided convolution's stride), ``tile_rows`` rows a tile, and ``step``
+    reduce elements (bytes of a tile row of the activation) a tdpbusd; the tile configuration follows."""
+
+    rows: str
+    row_step: int
+    tile_rows: int
+    step: int
+
+    def efficiency(self) -> float:
+        """Fraction of the matrix unit's peak a tdpbusd on these tiles reaches: the share of a full one's (16
+        rows, 64 deep) products it makes over the share of its time it takes (:data:`AMX_PARTIAL_BASE`)."""
+        fill = self.tile_rows / AMX_ROWS * self.step / AMX_DEPTH
+        return fill / (AMX_PARTIAL_BASE + (1 - AMX_PARTIAL_BASE) * fill)
+
+
+def _largest_divisor(extent: int, most: int, unit: int = 1) -> int:
+    return max((d for d in range(unit, most + 1, unit) if extent % d == 0), default=0)
+
+
+def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
+    """Where ``expr`` can run on AMX tiles with ``vector_axis`` as the columns, how (:class:`AmxLayout`), else
+    None: the device has AMX and VNNI's dot lanes (:func:`dot_depth`), the columns are whole tiles (16), and
+    the activation's dimension right above the dot axis is indexed by one spatial axis (the rows, read in
+    place at the activation's stride) besides reduced ones (a window's, looped above the register tile), which
+    indexes the output's dimension right above the columns. A tile takes the largest divisor of the rows'
+    extent up to 16 rows (a 7x7 feature map's 7) and of the dot axis's up to 64 bytes deep."""
+    if not has_amx(device) or dot_depth(expr, device, vector_axis) != DOT_DEPTH:
+        return None
+    if expr.axis(vector_axis).extent % AMX_COLUMNS:
         return None
     act, _ = dot_operands(expr, vector_axis)
-    k = expr.reduce_axes[0]
-    if k.extent % AMX_DEPTH or expr.axis(vector_axis).extent % AMX_COLUMNS:
+    k = expr.axis(act.innermost_axes()[0])
+    if len(act.index) < 2:
         return None
-    rows = [a for a in act.axes if a != k.name and expr.axis(a).extent > 1]
-    if len(rows) != 1 or plain_dim(act, rows[0]) != len(act.index) - 2 or expr.axis(rows[0]).extent % AMX_ROWS:
+    above = [(a, c) for a, c in act.index[-2] if expr.axis(a).kind != REDUCE]
+    if len(above) != 1:
         return None
-    return rows[0]
+    rows, step = above[0]
+    out = expr.output
+    if (plain_dim(out, rows) != len(out.index) - 2
+            or any(expr.axis(a).kind != REDUCE and a != rows and expr.axis(a).extent > 1
+                   for a, _ in act.index[-2])):
+        return None
+    tile_rows = _largest_divisor(expr.axis(rows).extent, AMX_ROWS)
+    depth = _largest_divisor(k.extent, AMX_DEPTH, DOT_DEPTH)
+    if not tile_rows or not depth:
+        return None
+    return AmxLayout(rows, step, tile_rows, depth)
 
 
 def amx_register_tiles(expr: Expr, device, vector_axis: str | None, l1_bytes: int) -> list[dict[str, int]]:
-    """The register tiles an AMX plan may take (``RProgram.amx``): rows x columns of :data:`AMX_SHAPES` that
-    divide the axes, every other spatial axis 1, and along the reduction a whole number of 64-deep steps
-    that divides it (the tile registers run it in one tensorized unit, the activation's rows and the
-    weight's columns streaming from L1: their bytes within half of ``l1_bytes``), powers of two and the
-    whole reduction."""
-    rows = amx_rows(expr, device, vector_axis)
-    if rows is None:
+    """The register tiles an AMX plan may take (``RProgram.amx``): one or two tiles of rows by one or two of
+    16 columns (:data:`AMX_SHAPES` in tiles) that divide the axes, every other axis but the dot axis 1, and
+    along the dot axis a whole number of steps that divides it (the tile registers run it in one tensorized
+    unit, the activation's rows and the weight's columns streaming from L1: their bytes within half of
+    ``l1_bytes``), steps times powers of two and the whole axis."""
+    layout = amx_layout(expr, device, vector_axis)
+    if layout is None:
         return []
-    k = expr.reduce_axes[0]
+    act, _ = dot_operands(expr, vector_axis)
+    k = expr.axis(act.innermost_axes()[0])
     n = expr.axis(vector_axis).extent
-    m = expr.axis(rows).extent
+    m = expr.axis(layout.rows).extent
     out = []
-    for r, c in AMX_SHAPES:
+    for tr, tc in AMX_SHAPES:
+        r, c = tr // AMX_ROWS * layout.tile_rows, tc
         if m % r or n % c:
             continue
-        depths = sorted({d for d in [AMX_DEPTH << i for i in range(12)] + [k.extent]
-                         if k.extent % d == 0 and (r + c) * d <= l1_bytes // 2})
+        depths = sorted({d for d in [layout.step << i for i in range(12)] + [k.extent]
+                         if k.extent % d == 0 and (r * layout.row_step + c) * d <= l1_bytes // 2})
         for d in depths:
             tile = {a.name: 1 for a in expr.axes}
-            tile.update({rows: r, vector_axis: c, k.name: d})
+            tile.update({layout.rows: r, vector_axis: c, k.name: d})
             out.append(tile)
     return out
 
@@ -169,16 +211,21 @@ def amx_register_tiles(expr: Expr, device, vector_axis: str | None, l1_bytes: in
 def is_amx_tile(expr: Expr, device, vector_axis: str | None, reg: Mapping[str, int]) -> bool:
     """Whether a register tile is one :func:`amx_register_tiles` makes: the plans whose register tile runs on
     AMX's tile registers (``RProgram.amx``), decided by the tile alone."""
-    rows = amx_rows(expr, device, vector_axis)
-    if rows is None:
+    layout = amx_layout(expr, device, vector_axis)
+    if layout is None:
         return False
-    k = expr.reduce_axes[0].name
-    return ((reg[rows], reg[vector_axis]) in AMX_SHAPES and reg[k] % AMX_DEPTH == 0
-            and all(v == 1 for a, v in reg.items() if a not in (rows, vector_axis, k)))
+    k = dot_axis(expr, vector_axis)
+    r = layout.tile_rows
+    return (reg[layout.rows] in (r, 2 * r) and reg[vector_axis] in (AMX_COLUMNS, 2 * AMX_COLUMNS)
+            and reg[k] % layout.step == 0
+            and all(v == 1 for a, v in reg.items() if a not in (layout.rows, vector_axis, k)))
 
 
-def amx_efficiency(expr: Expr, reg: Mapping[str, int], vector_axis: str | None) -> float:
-    """Fraction of the matrix unit's peak an AMX register tile issues: its accumulator tiles over
-    :data:`AMX_TILES_FOR_PEAK` (each waits for its previous tdpbusd)."""
-    tiles = math.prod(reg[a] for a in expr.output.axes if a in reg) // (AMX_ROWS * AMX_COLUMNS)
-    return min(1.0, max(1, tiles) / AMX_TILES_FOR_PEAK)
+def amx_efficiency(expr: Expr, device, vector_axis: str | None, reg: Mapping[str, int]) -> float:
+    """Fraction of the matrix unit's peak an AMX register tile issues: its tiles' (:meth:`AmxLayout.efficiency`)
+    over its steps and the accumulator tiles' loads and stores once per register tile
+    (:data:`AMX_ACCUMULATOR_MOVES`)."""
+    layout = amx_layout(expr, device, vector_axis)
+    tiles = reg[layout.rows] // layout.tile_rows * (reg[vector_axis] // AMX_COLUMNS)
+    steps = reg[dot_axis(expr, vector_axis)] // layout.step
+    return layout.efficiency() * steps / (steps + max(1.0, AMX_ACCUMULATOR_MOVES / tiles))

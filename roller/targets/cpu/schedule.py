@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from roller.device.spec import Device
 from roller.errors import BuildError
-from roller.plan.dot import DOT_DEPTH, dot_axis
+from roller.plan.dot import DOT_DEPTH, amx_layout, dot_axis
 from roller.plan.expr import REDUCE, Expr
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
@@ -345,11 +345,12 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
         blocks = {n: e for n, e in blocks.items() if n in program.prefetched}
         name = sch.get(block).name_hint
         if program.amx:  # the register tile one block before the prefetch's edit, which stops above it
-            name = _tensorize_amx(sch, name, expr, program, len(present([a.levels[0] for a in axes])) + 1)
+            name = _tensorize_amx(sch, name, expr, program, device, len(present([a.levels[0] for a in axes])) + 1)
         sch = prefetch_prepacked(sch, name, blocks, len(prefix) - 1 if grid is not None else 0,
                                  device.private_levels[-1].transaction_bytes)
         if program.amx:
-            sch = with_tile_state(sch)
+            layout = amx_layout(expr, device, program.vector_axis)
+            sch = with_tile_state(sch, layout.tile_rows, layout.step)
         elif dot is not None:
             # the register tile's vector and its dot step, one vpdpbusd (the schedule is the prefetch's edit:
             # the loops are found again, the vector loop second innermost)
@@ -360,7 +361,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     return with_main(sch, in_registers(sch.mod["main"]))
 
 
-def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, count: int) -> str:
+def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, device: Device, count: int) -> str:
     """The register tile of an AMX plan (``RProgram.amx``), one tensorized unit (``roller.targets.cpu.amx``);
     returns the name of its block. The tile's ``count`` loops, the innermost of block ``name``, are the
     reduction's 4-deep groups, the rows, the columns and the dot step, and loops of one iteration (an axis
@@ -369,10 +370,10 @@ def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, count: int) ->
 
     reg = program.tiles[0]
     k = dot_axis(expr, program.vector_axis)
-    rows = next((a.name for a in expr.spatial_axes if reg[a.name] > 1 and a.name != program.vector_axis), None)
+    layout = amx_layout(expr, device, program.vector_axis)
     unit = sch.get_loops(sch.get_sblock(name))[-count:]
     ones = [lp for lp in unit if _loop_extent(sch, lp) == 1]
-    if k is None or rows is None or len(unit) - len(ones) != 4:
+    if k is None or layout is None or len(unit) - len(ones) != 4:
         raise BuildError(f"{expr.name}: the plan runs on AMX tiles, but its register tile has no rows, columns "
                          f"and reduction to tensorize")
     if ones:
@@ -380,7 +381,8 @@ def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, count: int) ->
     try:
         unit = sch.blockize(sch.get_loops(sch.get_sblock(name))[-4])
         unit_name = sch.get(unit).name_hint
-        sch.tensorize(unit, register_amx(reg[rows], reg[program.vector_axis], reg[k], ACCUMULATOR_SCOPE))
+        sch.tensorize(unit, register_amx(reg[layout.rows], reg[program.vector_axis], reg[k], layout.tile_rows,
+                                         layout.step, layout.row_step, ACCUMULATOR_SCOPE))
         return unit_name
     except (ScheduleError, ValueError) as e:
         raise BuildError(f"{expr.name}: the AMX register tile {dict(reg)} does not tensorize: "
