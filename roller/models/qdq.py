@@ -122,6 +122,30 @@ def int8_convolutions(mod):
     return rewrite_counted(_int8_conv_mutator()(mod), mod)
 
 
+def _integer_uses(mod) -> set:
+    """The variables of ``mod``'s Relax functions that some call other than a ``dequantize`` reads (a
+    quantized activation an int8 convolution, or its padding, takes as it is)."""
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+    @visitor
+    class _Uses(PyExprVisitor):
+        def __init__(self):
+            super().__init__()
+            self.used: set = set()
+
+        def visit_call_(self, call):
+            if op_name(call) != "relax.dequantize":
+                self.used.update(a for a in call.args if isinstance(a, relax.Var))
+            super().visit_call_(call)
+
+    uses = _Uses()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            uses.visit_expr(func)
+    return uses.used
+
+
 def _quantizer_mutator():
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -134,6 +158,8 @@ def _quantizer_mutator():
             super().__init__(mod)
             self.rewritten = 0
             self.clipped: set = set()  # the float values (whole numbers in the type's range) quantize casts
+            self.integers = _integer_uses(mod)  # quantized values read as integers: the float path would add
+            self.original = None  # the variable the dequantize being rewritten reads, as in ``mod``
 
         def params(self, call):
             """(scale, zero point) shaped to broadcast over the data, when both are constants, else None."""
@@ -172,15 +198,19 @@ def _quantizer_mutator():
                 return relax.const(((value.astype(np.int32) - zero).astype(np.float32) * scale).astype(np.float32))
             bb = self.builder_
             source = bound(self, data)
-            if op_name(source) == "relax.astype" and source.args[0] in self.clipped:
+            if (op_name(source) == "relax.astype" and source.args[0] in self.clipped
+                    and self.original not in self.integers):
                 # dequantize(quantize(x)): the integer is the float value quantize cast, a whole number of
-                # at most 8 bits, so its casts there and back are exact and left out
+                # at most 8 bits, so its casts there and back are exact and left out. Not where the integers
+                # are read too (an int8 convolution's input): the float value would then be stored beside
+                # them, 4 bytes an element and a cast of its own (ResNet-50's residuals)
                 shifted = bb.emit(relax.op.subtract(source.args[0], relax.const(zero.astype(np.float32))))
                 return relax.op.multiply(shifted, relax.const(scale))
             shifted = bb.emit(relax.op.subtract(bb.emit(relax.op.astype(data, "int32")), relax.const(zero)))
             return relax.op.multiply(bb.emit(relax.op.astype(shifted, "float32")), relax.const(scale))
 
         def visit_call_(self, call):
+            self.original = call.args[0] if call.args else None
             call = super().visit_call_(call)
             name = op_name(call)
             if name not in ("relax.quantize", "relax.dequantize"):
