@@ -37,6 +37,8 @@ def test_amx_follows_the_target_and_the_operands():
     # smaller tiles where the axes have no 16 rows or 64 bytes: 20 rows in tiles of 10, K = 96 in steps of 48
     assert amx_layout(_matmul(20, 96, 64)[0], amx, "j") == AmxLayout("i", 1, 10, 48)
     assert amx_layout(_matmul(32, 128, 40)[0], amx, "j") is None    # columns no whole tiles of 16
+    assert amx_layout(_matmul(1, 128, 64)[0], amx, "j") is None     # one row: VNNI's lanes (tiles of 4 rows at least)
+    assert amx_layout(_matmul(32, 8, 64)[0], amx, "j") is None      # 8 deep: steps of 16 at least
     assert amx_layout(_matmul(32, 128, 64, a_dtype="int8")[0], amx, "j") is None  # s8 x s8: tdpbusd is u8 x s8
     # a convolution's rows run along the output's width, its window's other axes loop above the tile
     assert amx_layout(_conv(1, 14, 64, 64, 3, 1, 1)[0], amx, "ff") == AmxLayout("xx", 1, 14, 64)
@@ -223,3 +225,13 @@ def test_the_calling_threads_tile_configuration_is_restored(device, configured):
     np.testing.assert_array_equal(after.numpy(), theirs)
     if configured:
         load(tvm.runtime.tensor(np.zeros(64, np.uint8)))  # release the tiles again
+
+
+def test_the_hosts_matrix_peak_scales_with_its_clock_like_its_other_peaks():
+    from roller.device.host import host_device
+
+    host, spec = host_device(), load_device("x86-avx512")
+    if "avx512f" not in cpu_flags():
+        pytest.skip("the host is described from the AVX2 spec")
+    ratio = host.units.peak_gflops["float32"] / spec.units.peak_gflops["float32"]
+    assert host.units.tensor_peak_gflops["int8"] == pytest.approx(spec.units.tensor_peak_gflops["int8"] * ratio)

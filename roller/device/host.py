@@ -115,7 +115,8 @@ def _detect_host(cores: int) -> Device:
     ratio = clock / base.units.clock_ghz if base.units.clock_ghz else 1.0
     # Peaks and per-core cache bandwidths scale with the clock (bytes and flops per cycle are the core's).
     units = dataclasses.replace(base.units, count=cores, clock_ghz=clock,
-                                peak_gflops={k: v * ratio for k, v in base.units.peak_gflops.items()})
+                                peak_gflops={k: v * ratio for k, v in base.units.peak_gflops.items()},
+                                tensor_peak_gflops={k: v * ratio for k, v in base.units.tensor_peak_gflops.items()})
     caches = sysfs_caches()
     levels = []
     for lv in base.levels:

@@ -29,6 +29,10 @@ AMX_TILES = 8     # tile registers
 # times over its accumulator tiles, at least one a tile (one tile: its loads, product and store wait on
 # each other).
 AMX_PARTIAL_BASE = 0.5
+# The smallest tiles a plan takes: rows of a tile, reduce elements a step (below them VNNI's lanes run the
+# operator: a squeeze-and-excitation block's 1x1 convolution on one pixel has one row)
+AMX_MIN_ROWS = 4
+AMX_MIN_STEP = 16
 AMX_ACCUMULATOR_MOVES = 3.0
 AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))  # register tiles (rows of full tiles, columns) the tile registers hold
 
@@ -156,7 +160,8 @@ def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
     the activation's dimension right above the dot axis is indexed by one spatial axis (the rows, read in
     place at the activation's stride) besides reduced ones (a window's, looped above the register tile), which
     indexes the output's dimension right above the columns. A tile takes the largest divisor of the rows'
-    extent up to 16 rows (a 7x7 feature map's 7) and of the dot axis's up to 64 bytes deep."""
+    extent up to 16 rows (a 7x7 feature map's 7) and of the dot axis's up to 64 bytes deep, at least
+    :data:`AMX_MIN_ROWS` and :data:`AMX_MIN_STEP`."""
     if not has_amx(device) or dot_depth(expr, device, vector_axis) != DOT_DEPTH:
         return None
     if expr.axis(vector_axis).extent % AMX_COLUMNS:
@@ -176,7 +181,7 @@ def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
         return None
     tile_rows = _largest_divisor(expr.axis(rows).extent, AMX_ROWS)
     depth = _largest_divisor(k.extent, AMX_DEPTH, DOT_DEPTH)
-    if not tile_rows or not depth:
+    if tile_rows < AMX_MIN_ROWS or depth < AMX_MIN_STEP:
         return None
     return AmxLayout(rows, step, tile_rows, depth)
 
