@@ -45,6 +45,7 @@ class ModelConstants:
     resident_none: float | None = None
     balance_min_seconds: float | None = None
     accumulator_cycles: float | None = None
+    epilogue_op_cycles: float | None = None
     held_grid_wave_share: float | None = None
     # GPU (roller.targets.cuda)
     warps_for_peak: int | None = None

@@ -45,7 +45,8 @@ from roller.plan.loops import serial_tail, vector_tail_split
 # the estimate's terms, the ranking and the data's residency live in their own modules; their names are
 # re-exported here, where callers have imported them from
 from roller.plan.overheads import (DEFAULT_CLOCK_GHZ, PAGE_BYTES, broadcast_run, cycle_seconds,  # noqa: F401
-                                   false_sharing_seconds, fold_seconds, halo_bytes, inline_check_seconds,
+                                   epilogue_seconds, false_sharing_seconds, fold_seconds, halo_bytes,
+                                   inline_check_seconds,
                                    interleaved_run_seconds, launch_seconds, repeated_fill_bytes, replicate_seconds,
                                    short_row_bytes, sliced_row_seconds, stage_copy_seconds, tile_overhead,
                                    top_step_axis, transpose_seconds, untracked_stream_seconds, workspace_seconds)
@@ -269,7 +270,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
                    * tail_compute_factor(expr, vector_axis, lanes, predicated, vector_tail_split(expr, program, lanes))
                    / (rate * 1e9)
-                   + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
+                   + inline_check_seconds(expr, tiles, device, vector_axis, inlined) + epilogue_seconds(expr, device))
     per_tile = compute_all / spatial
     root_copies = root_copy_bytes(expr, padded, packed, prepacked)
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked) - root_copies

@@ -122,6 +122,9 @@ class Expr:
     # the dtype the main block accumulates in (its own output buffer's, before an epilogue casts: an integer
     # matmul's int32 under a float rescale); "" when unknown (then the output's)
     accumulates: str = ""
+    # arithmetic operations per output point of the fused elementwise epilogue, counted as flops_per_point is
+    # (a QDQ convolution's rescale, rounding, clipping, residual and requantization: ~17)
+    epilogue_ops: int = 0
 
     def __post_init__(self):
         names = [a.name for a in self.axes]

@@ -120,6 +120,17 @@ def inline_check_seconds(expr: Expr, tiles: Sequence[Mapping[str, int]], device:
     return loads * total / rules.level.transaction_bytes * device.model.inline_check_cycles * cycle_seconds(device)
 
 
+def epilogue_seconds(expr: Expr, device: Device) -> float:
+    """Seconds the fused elementwise epilogue's arithmetic takes over the whole operator (all units): its
+    operations per output point (``Expr.epilogue_ops``), each a vector operation on a float32 vector's lanes
+    at device.model.epilogue_op_cycles. A QDQ convolution's requantization took longer than its 64-deep
+    int8 reduction on AMX, which the model had not charged (predicted 39 us, ran 213)."""
+    if not expr.epilogue_ops:
+        return 0.0
+    vectors = math.prod(expr.output.shape) / device.units.lanes("float32")
+    return vectors * expr.epilogue_ops * device.model.epilogue_op_cycles * cycle_seconds(device)
+
+
 def short_row_bytes(expr: Expr, top: Mapping[str, int], rules: LevelRules, device: Device) -> float:
     """Bytes the top level's fill wastes on short strided rows: an input whose top tile takes part of each
     of its rows (a 16-channel slice of a 96-channel window: 64 B of every 384) streams at the calibrated

@@ -37,14 +37,17 @@ def _describe(sch, blocks: dict, main_name: str, epilogue: str | None, inlined: 
                                              f"axis; write the output with spatial axes only")
     accumulator = output.name
     stages = inlined
+    epilogue_ops = 0
     if epilogue is not None:
-        output = _fold_epilogue(sch.get(blocks[epilogue]), store, var_axis, inputs, f"{ctx}, block {epilogue!r}")
+        ectx = f"{ctx}, block {epilogue!r}"
+        output = _fold_epilogue(sch.get(blocks[epilogue]), store, var_axis, inputs, ectx)
+        epilogue_ops = _count_flops(sch.get(blocks[epilogue]).body.value, ectx)
         stages = stages + (epilogue,)
     neutral = tuple(a.name for a, iv in zip(axes, main.iter_vars)
                     if a.kind == REDUCE and zero_padding_is_neutral(main, [iv.var]))
     expr = Expr(name=name or main_name, axes=axes, inputs=tuple(inputs.values()), output=output,
                 flops_per_point=_count_flops(store.value, bctx), block=main_name, epilogue=stages,
-                zero_pad_axes=neutral, accumulates=str(store.buffer.dtype))
+                zero_pad_axes=neutral, accumulates=str(store.buffer.dtype), epilogue_ops=epilogue_ops)
     return expr, accumulator
 
 # ---------------------------------------------------------------------------------------------
