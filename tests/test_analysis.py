@@ -119,6 +119,28 @@ def test_add_relu_inlines_one_stage(M, N):
     assert e.block == "C" and "T_add" not in a.func.script()
 
 
+def test_a_reductions_epilogue_counts_its_operations():
+    """A matmul's fused epilogue (scale, bias, ReLU: 3 operations a point) is counted apart from the
+    reduction's flops, and the model charges it (roller.plan.overheads.epilogue_seconds)."""
+    from roller.device.load import load_device
+    from roller.plan.choices import estimated, plan_choices
+    from roller.plan.overheads import epilogue_seconds
+
+    a, b = te.placeholder((64, 32), name="A"), te.placeholder((32, 48), name="B")
+    k = te.reduce_axis((0, 32), "k")
+    c = te.compute((64, 48), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    d = te.compute((64, 48), lambda i, j: te.max(c[i, j] * 2.0 + 1.0, 0.0), name="D")
+    e = analyze(te.create_prim_func([a, b, d])).expr
+    assert e.flops_per_point == 2 and e.epilogue_ops == 3
+    bare = analyze(te.create_prim_func([a, b, c])).expr
+    assert bare.epilogue_ops == 0
+    dev = load_device("x86-avx512")
+    tiles = [{"i": 4, "j": 16, "k": 32}, {"i": 16, "j": 48, "k": 32}, {"i": 32, "j": 48, "k": 32}]
+    with_epilogue = estimated(e, plan_choices(e, tiles, dev, "j"), dev)[1].compute_seconds
+    without = estimated(bare, plan_choices(bare, tiles, dev, "j"), dev)[1].compute_seconds
+    assert epilogue_seconds(e, dev) > 0 and with_epilogue > without
+
+
 def test_a_repeated_subexpression_counts_once():
     """Flops as the compiler computes them: ``t = a * 2`` written three times is one multiplication
     (TVM's fast exp repeats its clamp a dozen times); distinct operations on the same operands all count."""
