@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roller.models.qdq import int8_convolutions, pads_in_the_permuted_layout, quantizers_as_arithmetic
+from roller.models.qdq import int8_products, pads_in_the_permuted_layout, quantizers_as_arithmetic
 
 
 def _run(mod, *args):
@@ -125,7 +125,7 @@ def test_int8_convolution_of_a_qdq_pair(zero, padding, channels):
         return relax.op.nn.conv2d(xd, wd, padding=padding)
 
     mod = _module(build, ("x", x.shape, "uint8"))
-    rewritten, count = int8_convolutions(mod)
+    rewritten, count = int8_products(mod)
     assert count == 1
     ops = _ops(rewritten)
     assert "relax.dequantize" not in ops and ("relax.nn.pad" in ops) == bool(zero and padding or channels % 4)
@@ -133,6 +133,34 @@ def test_int8_convolution_of_a_qdq_pair(zero, padding, channels):
                 if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d")
     assert [str(a.ty.dtype) for a in conv.args] == ["uint8", "int8"] and str(conv.ty.dtype) == "int32"
     assert conv.args[1].ty.shape[1] == 4 * -(-channels // 4)
+    want, got = _run(mod, x), _run(rewritten, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("zero,transposed,per_column", [(0, True, True), (117, True, False), (117, False, True)])
+def test_int8_matmul_of_a_qdq_pair(zero, transposed, per_column):
+    """matmul(dequantize(x), dequantize(w)) (a Gemm's weight through its transpose, or a MatMul's as
+    stored) as an int32 matmul of the 8-bit tensors, the zero point's column sums taken off, rescaled:
+    within float rounding of the float matmul."""
+    from tvm import relax
+
+    rng = np.random.default_rng(zero + transposed)
+    x = rng.integers(0, 256, (3, 64)).astype(np.uint8)
+    w = rng.integers(-127, 128, (40, 64) if transposed else (64, 40)).astype(np.int8)
+    sw = rng.uniform(0.001, 0.01, 40 if per_column else 1).astype(np.float32)
+
+    def build(bb, v):
+        xd = bb.emit(relax.op.dequantize(v, relax.const(np.float32(0.03)), relax.const(np.uint8(zero)), axis=1))
+        wd = bb.emit(relax.op.dequantize(relax.const(w), relax.const(sw if per_column else sw[0]),
+                                         relax.const(np.int8(0)), axis=0 if transposed else 1))
+        return relax.op.matmul(xd, bb.emit(relax.op.permute_dims(wd, [1, 0])) if transposed else wd)
+
+    mod = _module(build, ("x", x.shape, "uint8"))
+    rewritten, count = int8_products(mod)
+    assert count == 1
+    mm = next(b.value for b in rewritten["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.matmul")
+    assert [str(a.ty.dtype) for a in mm.args] == ["uint8", "int8"] and str(mm.ty.dtype) == "int32"
     want, got = _run(mod, x), _run(rewritten, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 

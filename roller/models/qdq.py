@@ -4,7 +4,7 @@ onnxruntime's ``quantize_static(..., quant_format=QDQ)`` writes every quantized 
 ``Conv(DequantizeLinear(xq, sx, zx), DequantizeLinear(wq, sw, 0))``: as imported, the convolution computes in
 float32 on dequantized copies. Three rewrites make it an 8-bit kernel in the channels-last layout:
 
-- :func:`int8_convolutions` (before the layout conversion) rewrites it, exactly up to float rounding, as
+- :func:`int8_products` (before the layout conversion) rewrites it, exactly up to float rounding, as
 
       (sx * sw) * float(conv_int32(pad(xq, zx), wq) - zx * sum(wq))
 
@@ -13,7 +13,9 @@ float32 on dequantized copies. Three rewrites make it an 8-bit kernel in the cha
   sum and ``sx * sw`` one scale a channel: the convolution reads uint8 x int8 and accumulates in int32,
   its rescale and what follows (bias, the next QuantizeLinear) are its epilogue. Input channels are
   padded to whole dot steps (an image's 3 channels to 4, zero weights), so that VNNI's 4-deep lanes
-  (``roller.plan.dot``) run every convolution.
+  (``roller.plan.dot``) run every convolution. A ``MatMul`` / ``Gemm`` of the same operands (a classifier,
+  a statically quantized transformer's projections) becomes ``(sx * sw) * float(matmul_int32(xq, wq) -
+  zx * colsum(wq))`` alike, a Gemm's transposed weight stored [K, N].
 - :func:`quantizers_as_arithmetic` writes the QuantizeLinear / DequantizeLinear left whose scale and zero
   point are constants as the elementwise operators TVM's own legalization computes (round, clip, cast):
   ConvertLayout has no layout rule for ``quantize`` / ``dequantize`` and would keep each between two
@@ -48,12 +50,12 @@ def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
     return values.reshape(shape)
 
 
-def _int8_conv_mutator():
+def _int8_product_mutator():
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     @mutator
-    class _Int8Conv(PyExprMutator):
+    class _Int8Product(PyExprMutator):
         def __init__(self, mod):
             super().__init__(mod)
             self.rewritten = 0
@@ -69,8 +71,48 @@ def _int8_conv_mutator():
                 return None
             return expr.args[0], scale, zero, int(expr.attrs.axis)
 
+        def weight(self, expr):
+            """(int8 constant [K, N], scale, zero point) of a matmul's dequantized constant weight, read as
+            stored ([K, N], scales along N) or through a transpose (a Gemm's [N, K]), else None."""
+            expr = bound(self, expr)
+            transposed = op_name(expr) == "relax.permute_dims" and [int(a) for a in expr.attrs.axes] == [1, 0]
+            w = self.dequantized(expr.args[0] if transposed else expr)
+            if w is None:
+                return None
+            wq_expr, sw, zw, axis = w
+            wq = _constant(self, wq_expr)
+            if wq is None or wq.dtype != np.int8 or wq.ndim != 2 or np.any(zw != 0):
+                return None
+            if sw.size > 1 and axis % 2 != (0 if transposed else 1):  # scales along the output's columns only
+                return None
+            return (wq.T if transposed else wq), sw, axis
+
+        def matmul(self, call):
+            """``matmul(dequantize(xq), dequantize(wq))`` with a uint8 activation and a constant int8 weight as
+            ``(sx * sw) * float(matmul_int32(xq, wq) - zx * colsum(wq))``; else the call as it is."""
+            x = self.dequantized(call.args[0])
+            w = self.weight(call.args[1])
+            if x is None or w is None:
+                return call
+            xq, sx, zx, _ = x
+            wq, sw, _ = w
+            if str(getattr(xq.ty, "dtype", "")) != "uint8" or sx.size != 1 or zx.size != 1:
+                return call
+            bb = self.builder_
+            acc = bb.emit(relax.op.matmul(xq, relax.const(np.ascontiguousarray(wq)), out_dtype="int32"))
+            zero = int(zx.reshape(()))
+            if zero:
+                sums = wq.astype(np.int64).sum(axis=0) * zero
+                acc = bb.emit(relax.op.subtract(acc, relax.const(sums.astype(np.int32))))
+            scale = (np.float32(sx.reshape(())) * sw.astype(np.float32).reshape(-1)).astype(np.float32)
+            scale = np.broadcast_to(scale, (wq.shape[1],)).copy()
+            self.rewritten += 1
+            return relax.op.multiply(bb.emit(relax.op.astype(acc, "float32")), relax.const(scale))
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
+            if op_name(call) == "relax.matmul" and str(call.attrs.out_dtype) in ("", "float32", "None"):
+                return self.matmul(call)
             if op_name(call) != "relax.nn.conv2d":
                 return call
             attrs = call.attrs
@@ -111,15 +153,16 @@ def _int8_conv_mutator():
             self.rewritten += 1
             return relax.op.multiply(bb.emit(relax.op.astype(acc, "float32")), relax.const(scale))
 
-    return _Int8Conv
+    return _Int8Product
 
 
-def int8_convolutions(mod):
-    """``(mod, count)``: every NCHW ``conv2d`` of a dequantized uint8 activation (a scalar scale and zero
-    point) and a dequantized constant int8 weight (zero points 0, one scale or one per output channel)
-    rewritten as an int32 convolution of the 8-bit tensors (see the module's docstring), and how many were.
-    Grouped convolutions and other operand types keep the float convolution, correct."""
-    return rewrite_counted(_int8_conv_mutator()(mod), mod)
+def int8_products(mod):
+    """``(mod, count)``: every NCHW ``conv2d`` and every 2-D-weight ``matmul`` (a Gemm's, through its
+    transpose) of a dequantized uint8 activation (a scalar scale and zero point) and a dequantized constant
+    int8 weight (zero points 0, one scale or one per output channel) rewritten as an int32 product of the
+    8-bit tensors (see the module's docstring), and how many were. Grouped convolutions and other operand
+    types keep the float product, correct."""
+    return rewrite_counted(_int8_product_mutator()(mod), mod)
 
 
 def _integer_uses(mod) -> set:

@@ -9,7 +9,7 @@ import numpy as np
 from roller.errors import ModelError
 from roller.models.fusion_barriers import keep_widening_broadcasts_apart
 from roller.models.legalize import legalize_map
-from roller.models.qdq import int8_convolutions, pads_in_the_permuted_layout, quantizers_as_arithmetic
+from roller.models.qdq import int8_products, pads_in_the_permuted_layout, quantizers_as_arithmetic
 from roller.models.quantized import narrow_integer_matmuls
 from roller.models.relax_rewrite import mutate_functions, static_dims
 
@@ -74,7 +74,7 @@ def legalize_and_fuse(mod, target, layout: str = "NHWC", fast_math: bool = True,
               + [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()])
     mod, _ = narrow_integer_matmuls(mod)
     if integer_convolutions:
-        mod, _ = int8_convolutions(mod)
+        mod, _ = int8_products(mod)
     mod, _ = quantizers_as_arithmetic(mod)
     with target:
         return tvm.transform.Sequential(passes)(mod)
