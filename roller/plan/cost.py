@@ -270,7 +270,7 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
     compute_all = (padded_flops(expr, tiles, lanes, vector_axis, padded)
                    * tail_compute_factor(expr, vector_axis, lanes, predicated, vector_tail_split(expr, program, lanes))
                    / (rate * 1e9)
-                   + inline_check_seconds(expr, tiles, device, vector_axis, inlined) + epilogue_seconds(expr, device))
+                   + inline_check_seconds(expr, tiles, device, vector_axis, inlined))
     per_tile = compute_all / spatial
     root_copies = root_copy_bytes(expr, padded, packed, prepacked)
     copies = copy_bytes(expr, tiles[-1], padded, packed, inlined, prepacked) - root_copies
@@ -313,6 +313,8 @@ def estimate(expr: Expr, program: RProgram, device: Device) -> Estimate:
              + interleaved_run_seconds(expr, tiles, device, vector_axis, staged) / spatial
              + sliced_row_seconds(expr, tiles, device, vector_axis, packed) / spatial
              + fold_seconds(expr, tiles[-1], device, program.partial_sums)
+             # the epilogue runs at each write-back, after the tile's reduction: not under its memory time
+             + epilogue_seconds(expr, device) / spatial
              + accumulator_seconds(expr, program, device) / spatial)
     seconds = ((waves + held_grid_waves(expr, program, device, spatial, waves)) * worst
                + launch_seconds(device, units) + false_sharing_seconds(expr, tiles[-1], device, units))
