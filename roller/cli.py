@@ -426,6 +426,8 @@ def _print_table(device, cal: dict, path) -> None:
         print(f"  {'peak_gflops_one_alone.' + dt:<28} {'':>10} {v:10.1f}")
     for dt, v in cal["peak_gflops_all"].items():
         print(f"  {'peak_gflops_all_units.' + dt:<28} {'':>10} {v:10.1f}")
+    for dt, v in (cal.get("tensor_peak_gflops_all") or {}).items():
+        print(f"  {'tensor_peak_all_units.' + dt:<28} {'':>10} {v:10.1f}")
     for dt, why in cal["skipped"].items():
         print(f"  {dt}: not measured: {why}")
     st = cal["small_transfer"]
@@ -467,6 +469,8 @@ def cmd_calibrate(args) -> int:
                "seconds": cal["seconds"], "threads": cal["threads"], "quick": cal["quick"],
                "peak_gflops": cal["peak_gflops"], "peak_gflops_one": cal["peak_gflops_one"],
                "peak_gflops_all": cal["peak_gflops_all"],
+               **{k: cal[k] for k in ("tensor_peak_gflops", "tensor_peak_gflops_one", "tensor_peak_gflops_all")
+                  if k in cal},
                "bandwidth_gbps": {lv: m["unit"] for lv, m in cal["bandwidth_gbps"].items()},
                "bandwidth_total_gbps": {lv: m["total"] for lv, m in cal["bandwidth_gbps"].items()},
                "small_transfer": cal["small_transfer"], "skipped": cal["skipped"], "warnings": cal["warnings"],

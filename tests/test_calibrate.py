@@ -50,6 +50,19 @@ def test_saved_calibration_replaces_datasheet_figures(spec):
     assert rows["peak_gflops.float64"][1] is None
 
 
+def test_a_measured_matrix_unit_peak_replaces_the_specs(spec):
+    """Where calibration measured the matrix unit (AMX's tdpbusd, ``tensor_peak_gflops``), the model reads it;
+    the summary shows it beside the spec's figure; a non-positive one is refused."""
+    data = dict(fake_calibration(spec), tensor_peak_gflops={"int8": 5000.0})
+    assert store.validate_calibration(data, spec) is None
+    store.save_calibration(spec, data)
+    dev = load_device("x86-avx512", calibrated=True)
+    assert dev.units.tensor_peak_gflops["int8"] == 5000.0
+    rows = {f: (ds, got) for f, ds, got in store.calibration_summary(dev)}
+    assert rows["tensor_peak_gflops.int8"] == (spec.units.tensor_peak_gflops["int8"], 5000.0)
+    assert "tensor_peak_gflops.int8" in store.validate_calibration(dict(data, tensor_peak_gflops={"int8": -1}), spec)
+
+
 def test_empty_cache_gives_datasheet_device_without_warning(spec, cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -197,6 +210,12 @@ def test_quick_calibration_json(tmp_path, capsys):
     assert not store.calibration_path(host).exists()  # --out: the cache is left alone
     dev = host.with_calibration(saved)
     assert dev.units.peak("float32") == res["peak_gflops"]["float32"]
+    from roller.plan.dot import has_amx
+    if has_amx(host):  # the matrix unit's peak, measured (AMX's tdpbusd, exact against numpy first)
+        assert saved["tensor_peak_gflops"]["int8"] > 0 and saved["tensor_peak_gflops_one"]["int8"] > 0
+        assert dev.units.tensor_peak_gflops["int8"] == saved["tensor_peak_gflops"]["int8"]
+    else:
+        assert "tensor_peak_gflops" not in saved
 
 
 def test_per_unit_is_the_all_units_share():

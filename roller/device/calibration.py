@@ -1,7 +1,8 @@
 """A device's calibration file: where it lives, its schema and checks, loading and saving it, and the
 datasheet-against-measured summary. A bad file is ignored with one warning naming it, never fatal.
 
-File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, ``bandwidth_gbps`` {level:
+File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, optional ``tensor_peak_gflops`` (the
+matrix unit's, AMX, by input dtype), ``bandwidth_gbps`` {level:
 {"unit": GB/s, "total": GB/s, ...}} (what ``Device.with_calibration`` consumes), plus ``schema``,
 ``device``, ``fingerprint``, ``created``, ``seconds``, ``tvm_version``, ``threads``, ``peak_gflops_one``
 (one unit alone), ``peak_gflops_all`` (all units together),
@@ -73,6 +74,12 @@ def validate_calibration(data: Any, device: Device | None = None) -> str | None:
     for dt, v in peaks.items():
         if not _positive(v):
             return f"peak_gflops.{dt} is {v!r}, expected a positive number"
+    tensor = data.get("tensor_peak_gflops", {})
+    if not isinstance(tensor, Mapping):
+        return "tensor_peak_gflops is not a mapping of dtype to GOP/s"
+    for dt, v in tensor.items():
+        if not _positive(v):
+            return f"tensor_peak_gflops.{dt} is {v!r}, expected a positive number"
     if data.get("clock_ghz") is not None and not _positive(data["clock_ghz"]):
         return f"clock_ghz is {data['clock_ghz']!r}, expected a positive number (or none)"
     bws = data.get("bandwidth_gbps")
@@ -144,6 +151,8 @@ def save_calibration(device: Device, data: Mapping, path: str | os.PathLike | No
 def figures(device: Device) -> dict:
     """The device's current peaks and bandwidths in the calibration file's shape."""
     return {"peak_gflops": dict(device.units.peak_gflops),
+            **({"tensor_peak_gflops": dict(device.units.tensor_peak_gflops)} if device.units.tensor_peak_gflops
+               else {}),
             "bandwidth_gbps": {lv.name: {"unit": lv.bandwidth_gbps, "total": lv.total_bandwidth_gbps}
                                for lv in device.levels}}
 
@@ -163,6 +172,9 @@ def calibration_summary(device: Device) -> list[tuple[str, float, float | None]]
     peaks = (cal or {}).get("peak_gflops", {})
     for dt, v in ds["peak_gflops"].items():
         rows.append((f"peak_gflops.{dt}", float(v), peaks.get(dt)))
+    tensor = (cal or {}).get("tensor_peak_gflops", {})
+    for dt, v in (ds.get("tensor_peak_gflops") or {}).items():
+        rows.append((f"tensor_peak_gflops.{dt}", float(v), tensor.get(dt)))
     bws = (cal or {}).get("bandwidth_gbps", {})
     for lv in device.levels:  # nearest compute first, as the device lists them
         m = ds["bandwidth_gbps"].get(lv.name) or {"unit": lv.bandwidth_gbps, "total": lv.total_bandwidth_gbps}

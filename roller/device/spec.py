@@ -228,7 +228,8 @@ class Device:
     def with_calibration(self, calibration: Mapping[str, Any]) -> "Device":
         """A copy whose peaks and bandwidths are replaced by measured ones.
 
-        ``calibration`` has ``peak_gflops`` (dtype → per-unit GFLOP/s) and ``bandwidth_gbps``
+        ``calibration`` has ``peak_gflops`` (dtype → per-unit GFLOP/s), where measured
+        ``tensor_peak_gflops`` (the matrix unit's, by input dtype) and ``bandwidth_gbps``
         (level → {"unit": GB/s, "total": GB/s}); levels or dtypes it lacks keep datasheet values. Its
         ``clock_ghz`` (the clock when it was measured; older files have none) replaces the spec's, so
         that machines sharing one calibration file share every figure of the model. Its ``model`` (name ->
@@ -237,6 +238,9 @@ class Device:
         peaks = dict(self.units.peak_gflops)
         for dt, v in (calibration.get("peak_gflops") or {}).items():
             peaks[dt] = float(v)
+        tensor = dict(self.units.tensor_peak_gflops)
+        for dt, v in (calibration.get("tensor_peak_gflops") or {}).items():
+            tensor[dt] = float(v)
         bws = calibration.get("bandwidth_gbps") or {}
         levels = []
         for lv in self.levels:
@@ -252,7 +256,8 @@ class Device:
             model = dataclasses.replace(
                 model, **{name: e["value"] for name, e in terms.items()},
                 sources={**model.sources, **{name: e["source"] for name, e in terms.items()}})
-        return dataclasses.replace(self, units=dataclasses.replace(self.units, peak_gflops=peaks, clock_ghz=clock),
+        units = dataclasses.replace(self.units, peak_gflops=peaks, tensor_peak_gflops=tensor, clock_ghz=clock)
+        return dataclasses.replace(self, units=units,
                                    levels=tuple(levels), calibration=dict(calibration), model=model)
 
     def to_dict(self) -> dict:

@@ -6,7 +6,8 @@
 and ``load_calibration`` (called by ``roller.device.load_device``) reads it back. A bad cache file is
 ignored with one warning naming it, never fatal. ``roller calibrate`` is the command-line face.
 
-File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, ``bandwidth_gbps`` {level:
+File schema (``SCHEMA``): ``peak_gflops`` {dtype: GFLOP/s per unit}, where measured ``tensor_peak_gflops``
+(the matrix unit's, AMX, by input dtype), ``bandwidth_gbps`` {level:
 {"unit": GB/s, "total": GB/s, ...}} (what ``Device.with_calibration`` consumes), plus ``schema``,
 ``device``, ``fingerprint``, ``created``, ``seconds``, ``tvm_version``, ``threads``, ``peak_gflops_one``
 (one unit alone), ``peak_gflops_all`` (all units together),
@@ -152,6 +153,7 @@ def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
     n = plan["threads"]
     measured = {dt: p for dt, p in raw["peak"].items() if "skipped" not in p}
     peaks = {dt: per_unit(p["all"]["value"], n) for dt, p in measured.items()}
+    tensor = {dt: p for dt, p in (raw.get("tensor_peak") or {}).items() if "skipped" not in p}
     bws = {}
     for name, m in raw["levels"].items():
         one, allu = m["one"], m["all"]
@@ -193,6 +195,10 @@ def summarize(device: Device, plan: dict, raw: dict, seconds: float) -> dict:
         "peak_gflops_one": {dt: p["one"]["value"] for dt, p in measured.items()},
         "peak_gflops_all": {dt: p["all"]["value"] for dt, p in measured.items()},
         "skipped": {dt: p["skipped"] for dt, p in raw["peak"].items() if "skipped" in p},
+        # the matrix unit's (AMX) peaks by input dtype, where the target has one
+        **({"tensor_peak_gflops": {dt: per_unit(p["all"]["value"], n) for dt, p in tensor.items()},
+            "tensor_peak_gflops_one": {dt: p["one"]["value"] for dt, p in tensor.items()},
+            "tensor_peak_gflops_all": {dt: p["all"]["value"] for dt, p in tensor.items()}} if tensor else {}),
         "bandwidth_gbps": bws, "small_transfer": small, "sweep": sweep,
         "model": terms,
         "datasheet": dict(figures(device), model={n: getattr(device.model, n) for n in terms}), "warnings": warns,

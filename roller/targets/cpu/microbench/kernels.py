@@ -124,6 +124,43 @@ def int8_peak_reference(a: np.ndarray, b: np.ndarray, reps: int) -> np.ndarray:
     return reps * np.einsum("uik,ukj->uij", a.astype("int64"), unpacked)
 
 
+AMX_ROWS, AMX_COLS, AMX_K = 32, 32, 256  # the matrix unit's peak tile: 2 x 2 accumulator tiles, 4 64-deep steps
+
+
+def amx_peak_kernel(reps: int, units: int, parallel: bool):
+    """The matrix unit's int8 peak tile (AMX): ``C[u] += reps x A[u] @ B[u]`` as ``reps`` register tiles of
+    roller's AMX intrinsic (``roller.targets.cpu.amx``: each loads its 2 x 2 accumulator tiles, runs 4
+    64-deep steps of 2 + 2 operand tile loads and 4 tdpbusd from L1, stores the tiles), on the tile state
+    the code generator sets up. A: (units, 32, 256) uint8, B: (units, 64, 32, 4) int8, C: (units, 32, 32)
+    int32 (the accumulators' buffer, zero before the call). Operations per call: ``amx_peak_ops``."""
+    import tvm
+    from tvm import te
+
+    from roller.targets.cpu.amx import register_amx, with_tile_state
+
+    A = te.placeholder((units, AMX_ROWS, AMX_K), "uint8", "A")
+    B = te.placeholder((units, AMX_K // 4, AMX_COLS, 4), "int8", "B")
+    r = te.reduce_axis((0, reps), "r")
+    kk = te.reduce_axis((0, AMX_K), "kk")
+    C = te.compute((units, AMX_ROWS, AMX_COLS), lambda u, i, j: te.sum(
+        A[u, i, kk].astype("int32") * B[u, kk // 4, j, kk % 4].astype("int32"), axis=[r, kk]), "C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
+    blk = sch.get_sblock("C")
+    u, i, j, rr, kl = sch.get_loops(blk)
+    ko, ki = sch.split(kl, [None, 4])
+    sch.reorder(u, rr, ko, i, j, ki)
+    if parallel:
+        sch.parallel(u)
+    sch.decompose_reduction(blk, rr)
+    sch.tensorize(ko, register_amx(AMX_ROWS, AMX_COLS, AMX_K))
+    return with_tile_state(sch).mod["main"]
+
+
+def amx_peak_ops(units: int, reps: int) -> int:
+    """Integer operations (multiply and add apart) of one ``amx_peak_kernel`` call."""
+    return 2 * units * AMX_ROWS * AMX_COLS * AMX_K * reps
+
+
 def stream_kernel(kind: str, parallel: bool):
     """PrimFunc ``(A, O, reps)`` over A: (units, rows, ROW) float32, O: (units, CHUNK); symbolic sizes.
 

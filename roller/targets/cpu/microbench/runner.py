@@ -82,6 +82,7 @@ class Runner:
         self.threads = int(plan["threads"])
         self.samples: dict[tuple, list[list[float]]] = {}  # by figure: per round, seconds per repeat
         self.peaks: dict[str, dict] = {}
+        self.tensor_peaks: dict[str, dict] = {}  # the matrix unit's (AMX), by input dtype
         self.modules: dict[tuple, object] = {}
         self.points: dict[str, dict[int, dict]] = {"one": {}, "all": {}}
         self.flat = None
@@ -113,7 +114,7 @@ class Runner:
                     for mode in ("one", "all"))
         line = self.plan["probes"]["line_elems"]
         probes = 0 if self.plan["quick"] else 1 + (self.threads > 1) + (1 < self.threads <= line)  # at most
-        return 1 + rounds * (2 * len(self.plan["peak"]) + len(self.plan["small"]["rows"])) + sizes + probes
+        return 1 + rounds * (2 * len(self.plan["peak"]) + 2 + len(self.plan["small"]["rows"])) + sizes + probes
 
     def sizes(self, mode: str, sweep: bool, memory: bool = True) -> list[int]:
         """Working sets measured in ``mode``: the levels' points (without main memory's, the largest, unless
@@ -190,6 +191,41 @@ class Runner:
             st = self.time(("peak", dtype, mode), mod, [A, B, C], work / 1e9)
             out[mode] = st
             self.progress(f"peak {dtype} {mode}: {st['value']:.0f} GFLOP/s")
+        return out
+
+    def tensor_peak(self, modes=("one", "all")) -> dict:
+        """The matrix unit's int8 peak (GOP/s of one unit and of all units; AMX, ``K.amx_peak_kernel``), or
+        the reason it is skipped: a target without AMX."""
+        from roller.plan.dot import has_amx
+
+        if not has_amx(self.device):
+            for _ in modes:
+                self.progress("peak int8 matrix unit: skipped")
+            return {"skipped": "the target has no matrix unit roller programs (AMX: mattr +amx-tile, +amx-int8)"}
+        per_rep = K.amx_peak_ops(1, 1)
+        reps = max(1, int(self.device.units.tensor_peak_gflops.get("int8", 4096.0) * 1e9
+                          * float(self.plan["peak_call_seconds"]) / per_rep))
+        out = self.tensor_peaks.setdefault("int8", {"tile": {"rows": K.AMX_ROWS, "cols": K.AMX_COLS,
+                                                               "k": K.AMX_K, "reps": reps}})
+        for mode, units, par in (("one", 1, False), ("all", self.threads, True)):
+            if mode not in modes:
+                continue
+            built = self.modules.get(("tensor_peak", mode))
+            mod = built or self.compile(K.amx_peak_kernel(reps, units, par))
+            a = np.zeros((units, K.AMX_ROWS, K.AMX_K), "uint8")
+            a[:, :, 0] = 1  # one non-zero column: the exact sums stay small
+            b = np.random.default_rng(0).integers(-2, 3, (units, K.AMX_K // 4, K.AMX_COLS, 4)).astype("int8")
+            A, B = (self.tvm.runtime.tensor(x, self.dev) for x in (a, b))
+            C = self.tvm.runtime.tensor(np.zeros((units, K.AMX_ROWS, K.AMX_COLS), "int32"), self.dev)
+            if built is None:
+                mod["main"](A, B, C)
+                if not np.array_equal(C.numpy().astype("int64"), K.int8_peak_reference(a, b, reps)):
+                    raise CalibrationError(f"the AMX peak kernel ({mode}) computed a wrong result: "
+                                           f"the roller.targets.cpu.microbench is broken for target {self.target}")
+                self.modules["tensor_peak", mode] = mod
+            st = self.time(("tensor_peak", mode), mod, [A, B, C], K.amx_peak_ops(units, reps) / 1e9)
+            out[mode] = st
+            self.progress(f"peak int8 matrix unit {mode}: {st['value']:.0f} GOP/s")
         return out
 
     # -- bandwidth ------------------------------------------------------------------------------
@@ -335,6 +371,7 @@ class Runner:
         for rnd in range(int(self.plan["rounds"])):  # each figure keeps its best round
             t_round = time.perf_counter()
             peaks = {tile["dtype"]: self.peak(tile) for tile in self.plan["peak"]}
+            tensor = {"int8": self.tensor_peak()}
             self.bandwidth(mods, sweep=rnd == 0, memory=rnd == 0 or self.repeat_memory)
             small = self.small_transfer()
             t_round = time.perf_counter() - t_round
@@ -351,7 +388,8 @@ class Runner:
         probes = {} if self.plan["quick"] else self.probes()
         bw = self.points
         return {
-            "peak": peaks, "bandwidth": {m: [v[k] for k in sorted(v)] for m, v in bw.items()},
+            "peak": peaks, "tensor_peak": tensor,
+            "bandwidth": {m: [v[k] for k in sorted(v)] for m, v in bw.items()},
             "levels": {name: {mode: bw[mode][pt[mode]] for mode in ("one", "all")}
                        for name, pt in self.plan["levels"].items()},
             "rounds": int(self.plan["rounds"]), "extra_rounds": extra,
