@@ -75,6 +75,20 @@ def peak_reference(a: np.ndarray, b: np.ndarray, reps: int) -> np.ndarray:
     return reps * np.einsum("uik,ukj->uij", a.astype("float64"), b.astype("float64"))
 
 
+def _int8_peak_func(units: int, rows: int, cols: int, k: int, reps: int):
+    """``C[u,i,j] = Σ_{r,kk} A[u,i,kk]·B[u,kk//4,j,kk%4]`` over ``reps`` repeats, u8 × s8 → s32: A (units, rows,
+    k), B (units, k/4, cols, 4) (packed four deep, as vpdpbusd and tdpbusd read it), C (units, rows, cols)."""
+    from tvm import te
+
+    A = te.placeholder((units, rows, k), "uint8", "A")
+    B = te.placeholder((units, k // 4, cols, 4), "int8", "B")
+    r = te.reduce_axis((0, reps), "r")
+    kk = te.reduce_axis((0, k), "kk")
+    C = te.compute((units, rows, cols), lambda u, i, j: te.sum(
+        A[u, i, kk].astype("int32") * B[u, kk // 4, j, kk % 4].astype("int32"), axis=[r, kk]), "C")
+    return te.create_prim_func([A, B, C])
+
+
 def int8_peak_kernel(mr: int, nv: int, k: int, reps: int, units: int, parallel: bool):
     """The int8 peak tile: ``C[u,i,j] = Σ_{r,kk} A[u,i,kk]·B[u,kk//4,j,kk%4]``, u8 × s8 → s32, via VNNI.
 
@@ -82,18 +96,10 @@ def int8_peak_kernel(mr: int, nv: int, k: int, reps: int, units: int, parallel: 
     C: (units, mr, nv·16) int32 in registers. Operations per call: ``int8_peak_ops``.
     """
     import tvm
-    from tvm import te
 
     from roller.targets.cpu.vnni import register_vnni
 
-    nr = nv * 16
-    A = te.placeholder((units, mr, k), "uint8", "A")
-    B = te.placeholder((units, k // 4, nr, 4), "int8", "B")
-    r = te.reduce_axis((0, reps), "r")
-    kk = te.reduce_axis((0, k), "kk")
-    C = te.compute((units, mr, nr), lambda u, i, j: te.sum(
-        A[u, i, kk].astype("int32") * B[u, kk // 4, j, kk % 4].astype("int32"), axis=[r, kk]), "C")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
+    sch = tvm.s_tir.Schedule(_int8_peak_func(units, mr, nv * 16, k, reps))
     blk = sch.get_sblock("C")
     acc = sch.cache_write(blk, 0, "local")
     u, i, j, rr, kl = sch.get_loops(blk)
@@ -134,17 +140,10 @@ def amx_peak_kernel(reps: int, units: int, parallel: bool):
     the code generator sets up. A: (units, 32, 256) uint8, B: (units, 64, 32, 4) int8, C: (units, 32, 32)
     int32 (the accumulators' buffer, zero before the call). Operations per call: ``amx_peak_ops``."""
     import tvm
-    from tvm import te
 
     from roller.targets.cpu.amx import register_amx, with_tile_state
 
-    A = te.placeholder((units, AMX_ROWS, AMX_K), "uint8", "A")
-    B = te.placeholder((units, AMX_K // 4, AMX_COLS, 4), "int8", "B")
-    r = te.reduce_axis((0, reps), "r")
-    kk = te.reduce_axis((0, AMX_K), "kk")
-    C = te.compute((units, AMX_ROWS, AMX_COLS), lambda u, i, j: te.sum(
-        A[u, i, kk].astype("int32") * B[u, kk // 4, j, kk % 4].astype("int32"), axis=[r, kk]), "C")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
+    sch = tvm.s_tir.Schedule(_int8_peak_func(units, AMX_ROWS, AMX_COLS, AMX_K, reps))
     blk = sch.get_sblock("C")
     u, i, j, rr, kl = sch.get_loops(blk)
     ko, ki = sch.split(kl, [None, 4])
