@@ -7,6 +7,11 @@ to the lane: 4 multiply-adds a lane, the spec's ``peak_gflops.int8`` (calibrated
 A plan that runs its register tile so (``RProgram.dot_depth``) splits the reduction by :data:`DOT_DEPTH`
 innermost, reads the weight prepacked with those 4 bytes last (``prepack.PackedLayout.dot``: each
 vector's 4 x lanes bytes contiguous, as the instruction reads them), and the model charges the int8 peak.
+
+Where the CPU also has AMX (:func:`has_amx`), a plan's register tile may instead be tiles of AMX's tile
+registers (:func:`amx_layout`, ``RProgram.amx``): 16-row int32 accumulator tiles kept over a chunk of the
+reduction, ``tdpbusd`` on the same 4-deep packed weight, at the matrix unit's peak
+(``units.tensor_peak_gflops``) times :func:`amx_efficiency`.
 """
 from __future__ import annotations
 
@@ -22,19 +27,19 @@ AMX_FEATURES = ("+amx-tile", "+amx-int8")
 AMX_ROWS = 16     # rows of a tile register
 AMX_COLUMNS = 16  # int32 accumulators in a tile row (64 bytes)
 AMX_DEPTH = 64    # reduce elements one tdpbusd sums into each accumulator
-AMX_TILES = 8     # tile registers
-# Measured on a Sapphire Rapids core (one thread, operands in L1; docs/models.md, "AMX"): a tdpbusd on tiles
-# it fills in part (fewer rows, a shallower step) takes AMX_PARTIAL_BASE + (1 - AMX_PARTIAL_BASE) x the share
-# of a full one's time; a register tile's accumulator loads and stores take AMX_ACCUMULATOR_MOVES tdpbusd
-# times over its accumulator tiles, at least one a tile (one tile: its loads, product and store wait on
-# each other).
+# register tiles (rows in full tiles, columns) the 8 tile registers hold with their operands' tiles
+AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))
+# Measured on a Sapphire Rapids core (one thread, operands in L1; docs/models.md, "AMX tiles"): a tdpbusd on
+# tiles it fills in part (fewer rows, a shallower step) takes AMX_PARTIAL_BASE + (1 - AMX_PARTIAL_BASE) x the
+# share of a full one's time; a register tile's accumulator loads and stores take AMX_ACCUMULATOR_MOVES
+# tdpbusd times over its accumulator tiles, at least one a tile (one tile: its loads, product and store wait
+# on each other).
 AMX_PARTIAL_BASE = 0.5
+AMX_ACCUMULATOR_MOVES = 3.0
 # The smallest tiles a plan takes: rows of a tile, reduce elements a step (below them VNNI's lanes run the
 # operator: a squeeze-and-excitation block's 1x1 convolution on one pixel has one row)
 AMX_MIN_ROWS = 4
 AMX_MIN_STEP = 16
-AMX_ACCUMULATOR_MOVES = 3.0
-AMX_SHAPES = ((32, 32), (32, 16), (16, 32), (16, 16))  # register tiles (rows of full tiles, columns) the tile registers hold
 
 # LLVM target features (the device's target mattr) with which vpdpbusd exists at a vector width (bytes):
 # AVX-512 VNNI for zmm; AVX-VNNI (or AVX-512 VNNI with VL) for ymm
@@ -173,7 +178,7 @@ def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
     above = [(a, c) for a, c in act.index[-2] if expr.axis(a).kind != REDUCE]
     if len(above) != 1:
         return None
-    rows, step = above[0]
+    rows, stride = above[0]
     out = expr.output
     if (plain_dim(out, rows) != len(out.index) - 2
             or any(expr.axis(a).kind != REDUCE and a != rows and expr.axis(a).extent > 1
@@ -183,7 +188,7 @@ def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
     depth = _largest_divisor(k.extent, AMX_DEPTH, DOT_DEPTH)
     if tile_rows < AMX_MIN_ROWS or depth < AMX_MIN_STEP:
         return None
-    return AmxLayout(rows, step, tile_rows, depth)
+    return AmxLayout(rows, stride, tile_rows, depth)
 
 
 def amx_register_tiles(expr: Expr, device, vector_axis: str | None, l1_bytes: int) -> list[dict[str, int]]:

@@ -124,17 +124,22 @@ def with_tile_state(sch, tile_rows: int = AMX_ROWS, step: int = AMX_DEPTH):
     own, which other libraries' AMX kernels share: onnxruntime's kept its configuration across calls and
     stopped on an illegal instruction after a roller kernel had loaded another. Loaded per unit instead,
     the configuration took a third of a 128x768x768 matmul's time (``ldtilecfg`` also zeroes the tiles)."""
-    from tvm import tirx
+    from tvm import s_tir, tirx
 
     from roller.errors import BuildError
     from roller.tir.tirtree import path_to, rebuilt, with_main
+
+    def config_call(intrinsic: str, buf):
+        """``ldtilecfg`` / ``sttilecfg`` of the 64-byte configuration in ``buf``."""
+        first = tirx.address_of(tirx.BufferLoad(buf, [tirx.const(0, "int32")]))
+        return tirx.Evaluate(tirx.call_llvm_intrin("void", intrinsic, first))
 
     func = sch.mod["main"]
     root = func.body
     block = root.block
     cfg = tirx.decl_buffer((8,), "uint64", "amx_tile_config")
-    load = tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.x86.ldtilecfg",
-                                                tirx.address_of(tirx.BufferLoad(cfg, [tirx.const(0, "int32")]))))
+    saved = tirx.decl_buffer((8,), "uint64", "amx_caller_tile_config")
+    load = config_call("llvm.x86.ldtilecfg", cfg)
     path = path_to(block.body, lambda st: isinstance(st, tirx.Evaluate) and "tdpbusd" in str(st))
     if path is None:
         raise BuildError("the AMX plan's function has no tdpbusd to configure the tiles for")
@@ -153,19 +158,13 @@ def with_tile_state(sch, tile_rows: int = AMX_ROWS, step: int = AMX_DEPTH):
                                              tirx.const(_XFEATURE_XTILEDATA, "int64")))
     fills = [tirx.BufferStore(cfg, tirx.const(w, "uint64"), [tirx.const(i, "int32")])
              for i, w in enumerate(config_words(tile_rows, step))]
-    saved = tirx.decl_buffer((8,), "uint64", "amx_caller_tile_config")
-    keep = tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.x86.sttilecfg",
-                                                tirx.address_of(tirx.BufferLoad(saved, [tirx.const(0, "int32")]))))
-    restore = tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.x86.ldtilecfg",
-                                                   tirx.address_of(tirx.BufferLoad(saved, [tirx.const(0, "int32")]))))
-    # zeroed first: a buffer read only through its first element's address is allocated that one element
-    # (TVM's lowering), and sttilecfg writes all 64 bytes
+    # the caller's buffer zeroed first: a buffer read only through its first element's address is allocated
+    # that one element (TVM's lowering), and sttilecfg writes all 64 bytes
     zeros = [tirx.BufferStore(saved, tirx.const(0, "uint64"), [tirx.const(i, "int32")]) for i in range(8)]
-    first = fills + zeros + [request, keep, load]
-    from tvm import s_tir
+    first = fills + zeros + [request, config_call("llvm.x86.sttilecfg", saved), load]
+    last = config_call("llvm.x86.ldtilecfg", saved)
     new = s_tir.SBlockRealize(list(root.iter_values), root.predicate, s_tir.SBlock(
         list(block.iter_vars), list(block.reads), list(block.writes), block.name_hint,
-        tirx.SeqStmt(first + [body, restore]), block.init, list(block.alloc_buffers) + [cfg, saved],
-        list(block.match_buffers),
-        block.annotations))
+        tirx.SeqStmt(first + [body, last]), block.init, list(block.alloc_buffers) + [cfg, saved],
+        list(block.match_buffers), block.annotations))
     return with_main(sch, func.with_body(new))
