@@ -165,6 +165,20 @@ def test_int8_matmul_of_a_qdq_pair(zero, transposed, per_column):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
+def test_float_matmuls_are_left_alone():
+    """A float matmul (no dequantize), its weight through a transpose without axes (reversed, as Dynamo's
+    graphs write it), passes through unchanged: the rewrite looks at the weight only behind a dequantize."""
+    from tvm import relax
+
+    w = np.random.default_rng(3).standard_normal((40, 64)).astype(np.float32)
+
+    def build(bb, v):
+        return relax.op.matmul(v, bb.emit(relax.op.permute_dims(relax.const(w))))
+
+    mod = _module(build, ("x", (3, 64), "float32"))
+    assert int8_products(mod)[1] == 0
+
+
 def test_pads_join_the_permuted_layout():
     """After ConvertLayout a pad (no layout rule) sits between transposes to and from NCHW: the pass moves
     the transpose above it and the two transposes cancel, the result unchanged."""

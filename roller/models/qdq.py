@@ -75,7 +75,10 @@ def _int8_product_mutator():
             """(int8 constant [K, N], scale, zero point) of a matmul's dequantized constant weight, read as
             stored ([K, N], scales along N) or through a transpose (a Gemm's [N, K]), else None."""
             expr = bound(self, expr)
-            transposed = op_name(expr) == "relax.permute_dims" and [int(a) for a in expr.attrs.axes] == [1, 0]
+            axes = getattr(expr.attrs, "axes", None) if op_name(expr) == "relax.permute_dims" else None
+            dims = static_dims(expr.args[0].ty) if op_name(expr) == "relax.permute_dims" else None
+            # a 2-D transpose: axes [1, 0], or none given (reversed)
+            transposed = dims is not None and len(dims) == 2 and (axes is None or [int(a) for a in axes] == [1, 0])
             w = self.dequantized(expr.args[0] if transposed else expr)
             if w is None:
                 return None
@@ -91,8 +94,8 @@ def _int8_product_mutator():
             """``matmul(dequantize(xq), dequantize(wq))`` with a uint8 activation and a constant int8 weight as
             ``(sx * sw) * float(matmul_int32(xq, wq) - zx * colsum(wq))``; else the call as it is."""
             x = self.dequantized(call.args[0])
-            w = self.weight(call.args[1])
-            if x is None or w is None:
+            w = self.weight(call.args[1]) if x is not None else None
+            if w is None:
                 return call
             xq, sx, zx, _ = x
             wq, sw, _ = w
