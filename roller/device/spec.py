@@ -86,7 +86,8 @@ class ComputeUnits:
     reorder_window: int = 0
     prefetch_streams: int = 0
     speed_spread: float = 0.0
-    tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)  # matrix units (GPU tensor cores, x86 AMX), by input dtype
+    # matrix units (GPU tensor cores, x86 AMX), by input dtype
+    tensor_peak_gflops: Mapping[str, float] = field(default_factory=dict)
 
     def lanes(self, dtype: str) -> int:
         """Elements one minimum schedulable unit handles: SIMD lanes on a CPU, warp size on a GPU."""
@@ -235,12 +236,11 @@ class Device:
         that machines sharing one calibration file share every figure of the model. Its ``model`` (name ->
         {"value", "source", ...}: the cost model's terms the probes measured) replaces those of the spec.
         """
-        peaks = dict(self.units.peak_gflops)
-        for dt, v in (calibration.get("peak_gflops") or {}).items():
-            peaks[dt] = float(v)
-        tensor = dict(self.units.tensor_peak_gflops)
-        for dt, v in (calibration.get("tensor_peak_gflops") or {}).items():
-            tensor[dt] = float(v)
+        def measured(peaks: Mapping[str, float], key: str) -> dict[str, float]:
+            return {**peaks, **{dt: float(v) for dt, v in (calibration.get(key) or {}).items()}}
+
+        peaks = measured(self.units.peak_gflops, "peak_gflops")
+        tensor = measured(self.units.tensor_peak_gflops, "tensor_peak_gflops")
         bws = calibration.get("bandwidth_gbps") or {}
         levels = []
         for lv in self.levels:

@@ -166,7 +166,19 @@ def amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
     place at the activation's stride) besides reduced ones (a window's, looped above the register tile), which
     indexes the output's dimension right above the columns. A tile takes the largest divisor of the rows'
     extent up to 16 rows (a 7x7 feature map's 7) and of the dot axis's up to 64 bytes deep, at least
-    :data:`AMX_MIN_ROWS` and :data:`AMX_MIN_STEP`."""
+    :data:`AMX_MIN_ROWS` and :data:`AMX_MIN_STEP`. Made once per Expr, device and vector axis (construction
+    asks at every growth step of every level)."""
+    made = expr.__dict__.setdefault("_amx_layout", {})
+    key = (id(device), vector_axis)
+    hit = made.get(key)
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    layout = _amx_layout(expr, device, vector_axis)
+    made[key] = (device, layout)
+    return layout
+
+
+def _amx_layout(expr: Expr, device, vector_axis: str | None) -> AmxLayout | None:
     if not has_amx(device) or dot_depth(expr, device, vector_axis) != DOT_DEPTH:
         return None
     if expr.axis(vector_axis).extent % AMX_COLUMNS:
