@@ -5,6 +5,8 @@
     PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --models resnet50,gpt2
 
     PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --batch 8   # NAME_b8.onnx
+    PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models/more --models squeezenet1_0
+    PYTHONPATH=/work/torchenv python3 scripts/export_models.py /work/models --all        # MORE_VISION too
 
 Builds, with ``torch.onnx.export(..., dynamo=False)`` (the TorchScript exporter), opset 17, batch 1 (or
 ``--batch N``, written as NAME_bN.onnx): torchvision classifiers at 224x224 (``weights=None``: random
@@ -33,6 +35,11 @@ OPSET = 17
 
 VISION = ["resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "convnext_tiny", "vit_b_16", "swin_t"]
+# the other torchvision families, exported when named (--models or --all): the sweep of docs/models.md,
+# "The other torchvision families"
+MORE_VISION = ["squeezenet1_0", "densenet121", "googlenet", "inception_v3", "mnasnet1_0", "resnext50_32x4d",
+               "wide_resnet50_2", "efficientnet_v2_s", "maxvit_t", "regnet_x_400mf", "swin_v2_t", "alexnet",
+               "vgg11_bn", "shufflenet_v2_x0_5", "vit_b_32"]
 # name -> (config class, model class, the configuration's layer-count field, pass an all-ones attention mask):
 # GPT-2 without a mask looks for packed sequences in its position ids with torch.diff, which the
 # TorchScript exporter cannot write (aten::diff)
@@ -42,7 +49,8 @@ TEXT = {
     "roberta_base": ("RobertaConfig", "RobertaModel", "num_hidden_layers", False),
     "gpt2": ("GPT2Config", "GPT2Model", "n_layer", True),
 }
-MODELS = VISION + list(TEXT)
+DEFAULT = VISION + list(TEXT)
+MODELS = VISION + MORE_VISION + list(TEXT)
 
 
 class MissingDependency(Exception):
@@ -129,7 +137,7 @@ def build(name: str, layers: int = 2, batch: int = 1):
     # the TorchScript exporter cannot write (vit_b_16): the plain path exports as MatMul/Softmax
     if hasattr(torch.backends, "mha"):
         torch.backends.mha.set_fastpath_enabled(False)
-    model, args, inputs = _vision(name, batch) if name in VISION else _text(name, layers, batch)
+    model, args, inputs = _text(name, layers, batch) if name in TEXT else _vision(name, batch)
     with torch.no_grad():  # a weight its initializer leaves all zeros (ViT's classifier head) would make the
         for p in model.parameters():  # output a constant and any comparison of outputs vacuous
             if p.dim() >= 2 and not p.any():
@@ -155,7 +163,9 @@ def export(name: str, out: Path, layers: int, batch: int = 1) -> Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", help="folder the .onnx files are written to")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT), help="comma-separated (default: the issue's "
+                   "architectures, " + ",".join(DEFAULT) + "); also " + ",".join(MORE_VISION))
+    p.add_argument("--all", action="store_true", help="every model this script knows")
     p.add_argument("--layers", type=int, default=2, help="transformer layers of the Hugging Face models (default 2)")
     p.add_argument("--batch", type=int, default=1, help="the batch dimension (default 1; other sizes are "
                    "written as NAME_bN.onnx beside the batch-1 file)")
@@ -163,13 +173,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.list:
         for n in MODELS:
-            print(f"{n}\t{'torchvision' if n in VISION else 'transformers'}")
+            print(f"{n}\t{'transformers' if n in TEXT else 'torchvision'}")
         return 0
     if not args.out:
         p.error("give the output folder (or --list)")
     if args.batch < 1:
         p.error(f"--batch takes a positive batch size, not {args.batch}")
-    names = [n for n in args.models.split(",") if n]
+    names = MODELS if args.all else [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
