@@ -103,8 +103,8 @@ def held_in_memory(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     """Whether predicating the plan's spatial vector axis, which ends in a partial vector, would keep a
     reduction's accumulators in memory: the axis's bound is not split off (:func:`vector_tail_split`), so it
     stays in the update block of every top tile, and the register tile does not hold the whole reduction, so
-    its accumulators live across the loops above it, where LLVM does not hold a conditionally stored value in
-    a register. A 1x1 convolution 13x13x512 -> 1000 (SqueezeNet's classifier; 1000 channels end in half a
+    its accumulators live across the loops above it (the likely cause, not yet read in the assembly: LLVM
+    does not hold a conditionally stored value in a register). A 1x1 convolution 13x13x512 -> 1000 (SqueezeNet's classifier; 1000 channels end in half a
     vector on AVX-512) ran 927 us predicated, 519 padded, where the model had 424 and 421 us; construction
     pads such an axis (``tail_options``). Whole vectors are left alone: a GEMV's 1000 outputs in 8-lane
     vectors ran 72 us predicated and 296 padded (its weight then copied per call)."""
