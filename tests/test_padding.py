@@ -91,7 +91,7 @@ def test_padded_extents_round_up_to_clamped_top_tiles():
 ])
 def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, op, shape):
     """The constructed plans, and the first overhanging one with its other tail choice, are right."""
-    from roller.plan.tails import held_in_memory
+    from roller.plan.tails import scalar_tail_tiles
 
     func, expr, ins, ref = op_case(op, shape)
     plans = list(construct(expr, device, topk=2).programs)
@@ -100,9 +100,9 @@ def test_constructed_overhanging_plans_are_right_padded_and_predicated(device, o
     options = tail_options(expr, over.tiles, over.vector_axis, 16)
     every = overhangs(expr, over.tiles, over.vector_axis, 16)
     # every overhanging axis of these einsums can be padded; mixed plans pad some, predicate the rest, except
-    # that a vector axis whose bound would hold the accumulators in memory is only padded (tails.held_in_memory)
+    # that a vector axis whose bound would leave scalar tail tiles is only padded (tails.scalar_tail_tiles)
     assert (every, ()) in options
-    if held_in_memory(expr, over.tiles, over.vector_axis, 16):
+    if scalar_tail_tiles(expr, over.tiles, over.vector_axis, 16):
         assert all(over.vector_axis not in preds for _, preds in options)
     else:
         assert ((), every) in options
@@ -279,25 +279,25 @@ def test_a_predicated_vector_tail_costs_its_power_of_two_pieces_where_split_off_
 def test_a_reductions_partial_vector_that_stays_in_every_top_tile_is_padded_not_predicated():
     """SqueezeNet's classifier, a 1x1 convolution 13x13x512 -> 1000 in 128-channel top tiles on 16 lanes: the
     channels' bound cannot be split off (their grid loop is the parallel loop, tile loops below it), so it
-    stays in the update block, and its accumulators, which live across the reduction's chunks, in memory. It
-    ran 927 us predicated against 519 padded (the model: 424 and 421), 1810 against 481 in the model's fused
+    stays in the update block, and the tiles it crosses run scalar code. It ran 927 us predicated against 519
+    padded (the model: 424 and 421), 1810 against 481 in the model's fused
     function. Construction offers such a plan only padded; whole vectors (8 lanes) and a tail split off keep
     the predicated option."""
     from policy_exprs import conv2d_nhwc
-    from roller.plan.tails import held_in_memory, tail_options
+    from roller.plan.tails import scalar_tail_tiles, tail_options
 
     expr = conv2d_nhwc(1, 13, 13, 512, 1000, 1, 1)
     t = lambda h, w, k, c: {"n": 1, "h": h, "w": w, "k": k, "r": 1, "s": 1, "c": c}
     tiles = [t(7, 1, 32, 1), t(7, 1, 32, 64), t(14, 13, 128, 512)]
-    assert held_in_memory(expr, tiles, "k", 16)
+    assert scalar_tail_tiles(expr, tiles, "k", 16)
     options = tail_options(expr, tiles, "k", 16)
     assert options and all("k" in padded and "k" not in predicated for padded, predicated in options)
-    assert not held_in_memory(expr, tiles, "k", 8)  # 1000 channels are 125 whole 8-lane vectors
+    assert not scalar_tail_tiles(expr, tiles, "k", 8)  # 1000 channels are 125 whole 8-lane vectors
     assert any("k" in predicated for _, predicated in tail_options(expr, tiles, "k", 8))
     whole = [t(7, 1, 32, 1), t(7, 1, 32, 64), t(14, 13, 1024, 512)]  # one top tile: the tail is split off
-    assert not held_in_memory(expr, whole, "k", 16)
+    assert not scalar_tail_tiles(expr, whole, "k", 16)
     unchunked = [t(7, 1, 32, 512), t(7, 1, 32, 512), t(14, 13, 128, 512)]  # the register tile holds the reduction
-    assert not held_in_memory(expr, unchunked, "k", 16)
+    assert not scalar_tail_tiles(expr, unchunked, "k", 16)
 
 
 def test_units_that_split_the_outputs_contiguous_rows_inside_a_line_are_charged_the_shared_lines(device):

@@ -94,20 +94,21 @@ def tail_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: st
             options.append((part, tuple(a for a in over if a not in part)))
     if all(can_pad(expr, a) for a in over):
         options.append((over, ()))
-    if vector_axis in over and can_pad(expr, vector_axis) and held_in_memory(expr, tiles, vector_axis, lanes):
+    if vector_axis in over and can_pad(expr, vector_axis) and scalar_tail_tiles(expr, tiles, vector_axis, lanes):
         options = [o for o in options if vector_axis not in o[1]]
     return options
 
 
-def held_in_memory(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int) -> bool:
-    """Whether predicating the plan's spatial vector axis, which ends in a partial vector, would keep a
-    reduction's accumulators in memory: the axis's bound is not split off (:func:`vector_tail_split`), so it
-    stays in the update block of every top tile, and the register tile does not hold the whole reduction, so
-    its accumulators live across the loops above it (the likely cause, not yet read in the assembly: LLVM
-    does not hold a conditionally stored value in a register). A 1x1 convolution 13x13x512 -> 1000 (SqueezeNet's classifier; 1000 channels end in half a
-    vector on AVX-512) ran 927 us predicated, 519 padded, where the model had 424 and 421 us; construction
-    pads such an axis (``tail_options``). Whole vectors are left alone: a GEMV's 1000 outputs in 8-lane
-    vectors ran 72 us predicated and 296 padded (its weight then copied per call)."""
+def scalar_tail_tiles(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int) -> bool:
+    """Whether predicating the plan's spatial vector axis, which ends in a partial vector, would leave a
+    reduction's tail tiles in scalar code: the axis's bound is not split off (:func:`vector_tail_split`), and
+    with the register tile not holding the whole reduction, the tiles the bound crosses run a scalar variant of
+    the register tile (a 1x1 convolution 13x13x512 -> 1000, SqueezeNet's classifier, whose 1000 channels end in
+    half a vector on AVX-512: 312 scalar multiply-adds in its code beside 110 vector ones; the main loop keeps
+    its accumulators in registers). It ran 927 us predicated, 519 padded, where the model, which charges only
+    the partial vector's lanes, had 424 and 421 us; construction pads such an axis (``tail_options``). Whole
+    vectors are left alone: a GEMV's 1000 outputs in 8-lane vectors ran 72 us predicated and 296 padded (its
+    weight then copied per call)."""
     if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or not expr.axis(vector_axis).extent % lanes:
         return False
     return (any(tiles[0][a.name] < a.extent for a in expr.reduce_axes)
