@@ -17,7 +17,7 @@ from roller.plan.choices import estimated, plan_choices
 from roller.plan.dot import AMX_DEPTH, DOT_DEPTH, AmxLayout, amx_efficiency, amx_layout, has_amx, is_amx_tile
 from roller.plan.rprogram import RProgram
 from roller.targets import construct
-from test_vnni import _conv, _matmul, _operands, _run, _with_mattr
+from test_vnni import _check_conv, _conv, _matmul, _operands, _run, _with_mattr
 
 needs_amx = pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= cpu_flags(),
                                reason="this host has no AMX (amx_tile, amx_int8): tile kernels cannot run here")
@@ -116,18 +116,11 @@ def test_amx_kernel_is_exact(device, m, k, n, transposed, extreme):
     (1, 7, 256, 64, 1, 1, 0),     # a 7x7 map: tiles of 7 rows
 ])
 def test_amx_convolution_is_exact(device, n, size, c, o, k, stride, pad):
-    from tvm.topi.testing import conv2d_nhwc_python
-
     expr, norm = _conv(n, size, c, o, k, stride, pad)
     assert amx_layout(expr, device, "ff") is not None
     programs = construct(expr, device, 10, frozenset({"B"})).programs
     program = next(p for p in programs if p.amx)
-    rng = np.random.default_rng(c + o)
-    a = rng.integers(0, 256, (n, size, size, c)).astype(np.uint8)
-    b = rng.integers(-128, 128, (k, k, c, o)).astype(np.int8)
-    got, ex = _run(expr, norm, program, device, a, b)
-    np.testing.assert_array_equal(got, conv2d_nhwc_python(a.astype(np.int64), b.astype(np.int64), stride, pad))
-    assert "tdpbusd" in ex.mod.inspect_source("asm")
+    _check_conv(expr, norm, program, device, (n, size, c, o, k, stride, pad), "tdpbusd")
 
 
 @needs_amx

@@ -71,6 +71,21 @@ def _run(expr, norm, program, device, a, b):
     return out.numpy(), ex
 
 
+def _check_conv(expr, norm, program, device, shape, instruction: str):
+    """Runs ``program``'s kernel for the convolution ``shape`` (n, size, c, o, k, stride, pad) on random uint8
+    activations and int8 weights, checks it against numpy's int64 convolution exactly, and that its code uses
+    ``instruction``."""
+    from tvm.topi.testing import conv2d_nhwc_python
+
+    n, size, c, o, k, stride, pad = shape
+    rng = np.random.default_rng(c + o)
+    a = rng.integers(0, 256, (n, size, size, c)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, k, c, o)).astype(np.int8)
+    got, ex = _run(expr, norm, program, device, a, b)
+    np.testing.assert_array_equal(got, conv2d_nhwc_python(a.astype(np.int64), b.astype(np.int64), stride, pad))
+    assert instruction in ex.mod.inspect_source("asm")
+
+
 def _operands(m, k, n, rng, transposed=False, extreme=False):
     a = rng.integers(0, 256, (m, k)).astype(np.uint8)
     b = rng.integers(-128, 128, (n, k) if transposed else (k, n)).astype(np.int8)
@@ -139,19 +154,12 @@ def test_vnni_kernel_is_exact(device, m, k, n, transposed, extreme):
 def test_vnni_convolution_is_exact(device, n, size, c, o, k, stride, pad):
     """Convolutions step along their input channels (the activation's contiguous axis) 4 deep, the window's
     other reduced axes in loops above: exactly numpy's int32 convolution, with vpdpbusd."""
-    from tvm.topi.testing import conv2d_nhwc_python
-
     device = _vnni(device)
     expr, norm = _conv(n, size, c, o, k, stride, pad)
     assert dot_depth(expr, device, "ff") == DOT_DEPTH
     program = construct(expr, device, 1, frozenset({"B"})).programs[0]
     assert program.dot_depth == DOT_DEPTH and not program.inlined
-    rng = np.random.default_rng(c + o)
-    a = rng.integers(0, 256, (n, size, size, c)).astype(np.uint8)
-    b = rng.integers(-128, 128, (k, k, c, o)).astype(np.int8)
-    got, ex = _run(expr, norm, program, device, a, b)
-    np.testing.assert_array_equal(got, conv2d_nhwc_python(a.astype(np.int64), b.astype(np.int64), stride, pad))
-    assert "vpdpbusd" in ex.mod.inspect_source("asm")
+    _check_conv(expr, norm, program, device, (n, size, c, o, k, stride, pad), "vpdpbusd")
 
 
 def test_convolution_dot_lanes_need_whole_dot_steps_of_channels():
