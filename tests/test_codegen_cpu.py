@@ -5,6 +5,7 @@ policy: fused axes, tiles that overhang or exceed the extents, packed and unpack
 """
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -659,3 +660,47 @@ def test_a_concatenations_channel_loop_is_split_where_its_inputs_meet(device):
     out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 9, 9, 512), "float32")))
     ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
     np.testing.assert_array_equal(out.numpy(), np.concatenate(ins, axis=3))
+
+
+def test_a_concatenations_register_tile_wider_than_an_input_copies_whole_vectors(device):
+    """A register tile three vectors wide over inputs two vectors wide: its vector loop gets the partition hint
+    too (not unrolled), so lowering splits it where the inputs meet and copies whole vectors. Unrolled, the
+    selects stayed in every piece of the tile loop's partition, TVM copied the whole tile lane by lane and LLVM
+    spent 0.2-0.5 s re-vectorizing each of DenseNet-121's concatenations (docs/models.md, "Compile time").
+    The copy stays exact."""
+    import tvm
+    from tvm import te, topi
+
+    from roller.targets import construct
+    from roller.tir.compile import compile_for, target_for
+    from roller.tir.schedutil import PARTITION_HINT
+
+    lanes = device.units.vector_bytes // 4
+    ins = [te.placeholder((1, 5, 5, 2 * lanes), name=f"x{i}") for i in range(3)]
+    an = analyze(te.create_prim_func([*ins, topi.concatenate(ins, axis=3)]))
+    expr = an.expr
+    first = construct(expr, device, topk=1).programs[0]
+    channels = expr.axes[-1].name
+    assert first.vector_axis == channels
+    width = 6 * lanes
+    tiles = tuple({**t, channels: size} for t, size in zip(first.tiles, (3 * lanes, width, width)))
+    prog = dataclasses.replace(first, tiles=tiles)
+    mod = schedule(an.func, expr, prog, device).mod
+    vector_loop = re.search(r"for \w+ in T\.(\w+)\(3(, annotations=\{[^}]*\})?\):\s+for \w+ in T\.vectorized", mod.script())
+    assert vector_loop and vector_loop.group(1) == "serial" and PARTITION_HINT in (vector_loop.group(2) or "")
+    lowered: list[str] = []
+
+    @tvm.instrument.pass_instrument
+    class AfterVectorizing:
+        def run_after_pass(self, mod, info):
+            if info.name == "tirx.VectorizeLoop":
+                lowered.append(mod.script())
+
+    with tvm.transform.PassContext(instruments=[AfterVectorizing()]):
+        ex = compile_for(tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")}), target_for(device))
+    assert lowered and "T.Ramp" in lowered[0]  # whole vectors copied (before: every lane through the selects)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 5, 5, 2 * lanes)).astype("float32") for _ in ins]
+    out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 5, 5, width), "float32")))
+    ex["main"](*[tvm.runtime.tensor(x) for x in xs], out)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(xs, axis=3))

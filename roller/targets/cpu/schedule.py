@@ -305,7 +305,8 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             for lp in loops:
                 if lp is not None:
                     sch.annotate(lp, PARTITION_HINT, 1)
-    for a in _select_axes(sch, block, [a for a in axes if len(expr.axis(a.name).parts) == 1]) if not reduce else ():
+    selects = _select_axes(sch, block, [a for a in axes if len(expr.axis(a.name).parts) == 1]) if not reduce else []
+    for a in selects:
         for lp in a.levels[1:]:
             if lp is not None and a.name not in program.predicated:
                 sch.annotate(lp, PARTITION_HINT, 1)
@@ -318,7 +319,12 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # overhang as a predicated last vector: vectorized whole, it runs far slower
             # (docs/design-notes.md#schedule-schedule_cpu)
             outer, vloop = split_vectors(sch, vloop, lanes, tail_vector)
-            sch.unroll(outer)
+            if any(a is vec for a in selects) and vec.name not in program.predicated:
+                # a register tile wider than one input of a concatenation: its vectors split where the
+                # inputs meet, as the tile loops above do (a loop that is partitioned cannot be unrolled)
+                sch.annotate(outer, PARTITION_HINT, 1)
+            else:
+                sch.unroll(outer)
         if dot is None and vext > 1:  # with a dot step: tensorized once the weight is laid out (below)
             sch.vectorize(vloop)
             if tail_vector:
