@@ -162,31 +162,55 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     contiguity = {a.name: sum(a.name in t.innermost_axes() for t in expr.tensors) for a in expr.axes}
     order = {a.name: i for i, a in enumerate(expr.axes)}
 
+    # What one growth step from a tile can do depends on the tile alone: each axis's next size and its score,
+    # never on the axes a growth holds. The growths with an axis held walk the greedy path again until it grows
+    # that axis, so the candidates (and whether a tile is compute-bound) are found once per tile.
+    steps_from: dict[tuple, list] = {}
+    bound_at: dict[tuple, bool] = {}
+
+    def candidates(tile: dict[str, int]) -> list:
+        """(axis, score, grown tile) for every axis a step from ``tile`` may grow, in axis order."""
+        key = tuple(tile.values())
+        hit = steps_from.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for a in expr.axes:
+            nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
+                               a.name in exact)
+            if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
+                continue
+            grown = {**tile, a.name: nxt}
+            if held(grown) > rules.capacity or (index == 0 and spills_window(expr, grown, vector_axis,
+                                                                             rules.lanes, registers)):
+                continue
+            if (units_floor > 1 and a.kind != REDUCE
+                    and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1])):
+                continue
+            out.append((a, reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules,
+                                       traffic_of=q, footprint_of=f), grown))
+        steps_from[key] = out
+        return out
+
+    def compute_bound(tile: dict[str, int]) -> bool:
+        key = tuple(tile.values())
+        hit = bound_at.get(key)
+        if hit is None:
+            hit = bound_at[key] = _compute_bound(expr, tile, rules, device, source_gbps,
+                                                 below_tiles[0] if below_tiles else tile)
+        return hit
+
     def grow(tile: dict[str, int], frozen: set[str]) -> tuple[list[dict[str, int]], dict[str, int] | None]:
         """The greedy path from ``tile`` (never growing the axes in ``frozen``) and its first compute-bound
         tile."""
         path, first_bound = [tile], None
         while True:
-            if first_bound is None and _compute_bound(expr, tile, rules, device, source_gbps,
-                                                      below_tiles[0] if below_tiles else tile):
+            if first_bound is None and compute_bound(tile):
                 first_bound = tile
             best = fallback = None
-            for a in expr.axes:
+            for a, score, grown in candidates(tile):
                 if a.name in frozen:
                     continue
-                nxt = next_aligned(extents[a.name], tile[a.name], steps[a.name], seed.get(a.name, 1), eps, limit,
-                                   a.name in exact)
-                if nxt is None or (a.name in bounds and nxt > bounds[a.name]):
-                    continue
-                grown = {**tile, a.name: nxt}
-                if held(grown) > rules.capacity or (index == 0 and spills_window(expr, grown, vector_axis,
-                                                                                 rules.lanes, registers)):
-                    continue
-                if (units_floor > 1 and a.kind != REDUCE
-                        and tile_counts(expr, grown)[1] < min(units_floor, tile_counts(expr, tile)[1])):
-                    continue
-                score = reuse_score(expr, tile, grown, rules, seed if child_rules else None, child_rules,
-                                    traffic_of=q, footprint_of=f)
                 if score > 0 and (best is None or score > best[0]):
                     best = (score, grown)
                 elif a.kind != REDUCE and (score == 0 or (score < 0 and not expr.reduce_axes)):

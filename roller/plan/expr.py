@@ -45,7 +45,7 @@ class TensorAccess:
     # layout, roller.plan.rtile.layout_expr); empty for the tensor as stored
     packed_order: tuple[int, ...] = ()
 
-    @property
+    @cached_property  # the fields never change; construction asks ~10^6 times
     def elem_bytes(self) -> int:
         return dtype_bytes(self.dtype)
 
@@ -88,6 +88,10 @@ class TensorAccess:
 
     def innermost_axes(self) -> tuple[str, ...]:
         """Axes that index the last (contiguous) dimension with coefficient 1."""
+        return self._innermost
+
+    @cached_property
+    def _innermost(self) -> tuple[str, ...]:
         return tuple(a for a, c in self.index[-1] if c == 1) if self.index else ()
 
 
@@ -145,7 +149,8 @@ class Expr:
         """How many elements input ``name``'s stage writes per element it reads (1: a plain copy or none)."""
         return dict(self.repeats).get(name, 1)
 
-    @property
+    # the fields never change: the derived tuples below are made once (construction asks ~10^5 times)
+    @cached_property
     def tensors(self) -> tuple[TensorAccess, ...]:
         return self.inputs + (self.output,)
 
@@ -173,11 +178,11 @@ class Expr:
     def extents(self) -> dict[str, int]:
         return {a.name: a.extent for a in self.axes}
 
-    @property
+    @cached_property
     def spatial_axes(self) -> tuple[Axis, ...]:
         return tuple(a for a in self.axes if a.kind == SPATIAL)
 
-    @property
+    @cached_property
     def reduce_axes(self) -> tuple[Axis, ...]:
         return tuple(a for a in self.axes if a.kind == REDUCE)
 
