@@ -85,11 +85,13 @@ def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[
 
     key, parts = function_key(func, device, sched.verify, constants)
     built: list[KernelLibrary] = []
+    made: list = []  # the scheduled function this call made, if it built the entry
 
     def build():
         with scheduling:
             t0 = time.perf_counter()
             scheduled, rep = sched.schedule_function(name, func, constants)
+        made.append(scheduled)
         folder = tempfile.mkdtemp(prefix="function-", dir=build_root())
         built.append(KernelLibrary(path=os.path.join(folder, "kernel.so"), folder=folder))
         _compile(scheduled if scheduled is not None else func, device, built[-1].path)
@@ -109,7 +111,11 @@ def _kernel(sched, name: str, func, device: Device, store, constants: frozenset[
             lib.close()
     rep = FunctionReport(**{k: v for k, v in report["function"].items() if k != "reason"})
     rep.notes, rep.cache, rep.name = tuple(rep.notes), status, name
-    scheduled = tvm.ir.load_json(report["scheduled_func"]) if report.get("scheduled_func") else None
+    if made:
+        scheduled = made[0]
+    else:  # written by this TVM (its version is part of the key): no upgrade of older JSON to run
+        from tvm_ffi.serialization import from_json_graph_str
+        scheduled = from_json_graph_str(report["scheduled_func"]) if report.get("scheduled_func") else None
     return key, module, scheduled, rep
 
 
