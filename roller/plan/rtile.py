@@ -212,11 +212,14 @@ def tensor_footprint(t: TensorAccess, tile: Mapping[str, int], rules: LevelRules
     added by the constructor, which decides the packing."""
     # memoized per tensor (it depends on the tile's sizes along the tensor's own axes only): construction
     # asks ~10^6 times, mostly for tiles that differ from one seen before along another tensor's axis
-    memo = t.__dict__.get("_footprints")
+    memos = t.__dict__.get("_footprints")
+    if memos is None:
+        memos = {}
+        object.__setattr__(t, "_footprints", memos)
+    memo = memos.get((rules.key, moved))  # one table per level's rules: the key below is the tile alone
     if memo is None:
-        memo = {}
-        object.__setattr__(t, "_footprints", memo)
-    key = (rules.key, moved, *[tile[a] for a in t.axis_order])
+        memo = memos[(rules.key, moved)] = {}
+    key = tuple(map(tile.__getitem__, t.axis_order))
     hit = memo.get(key)
     if hit is not None:
         return hit
