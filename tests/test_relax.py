@@ -356,3 +356,30 @@ def test_index_arithmetic_on_static_shapes_is_folded_before_legalization():
     bound = {b.var: b.value for blk in folded["main"].body.blocks for b in blk.bindings}
     value = bound.get(calls["relax.astype"].args[0], calls["relax.astype"].args[0])
     assert isinstance(value, tvm.ir.expr.Constant) and int(value.value.numpy()) == 7, value
+
+
+def test_threads_switch_quickly_while_functions_compile_and_as_before_after():
+    """Scheduling and compiling in threads lowers the interpreter's switch interval (compile threads wait
+    less for the GIL) and restores the caller's once the last such block ends, nested or not."""
+    import sys
+
+    from roller.models.relax_pass import SWITCH_INTERVAL_SECONDS, quick_thread_switches
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        slow = sys.getswitchinterval()
+        with quick_thread_switches():
+            quick = sys.getswitchinterval()
+            assert abs(quick - SWITCH_INTERVAL_SECONDS) < 1e-5
+            with quick_thread_switches():
+                assert sys.getswitchinterval() == quick
+            assert sys.getswitchinterval() == quick  # the outer block still runs
+        assert sys.getswitchinterval() == slow
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS / 10)  # never slower than the caller had it
+        low = sys.getswitchinterval()  # as the interpreter holds it (in its own units)
+        with quick_thread_switches():
+            assert sys.getswitchinterval() == low < SWITCH_INTERVAL_SECONDS
+        assert sys.getswitchinterval() == low
+    finally:
+        sys.setswitchinterval(before)
