@@ -704,3 +704,22 @@ def test_a_concatenations_register_tile_wider_than_an_input_copies_whole_vectors
     out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 5, 5, width), "float32")))
     ex["main"](*[tvm.runtime.tensor(x) for x in xs], out)
     np.testing.assert_array_equal(out.numpy(), np.concatenate(xs, axis=3))
+
+
+def test_a_register_loop_of_more_than_max_unroll_rows_is_not_unrolled(device):
+    """A register tile of 113 rows of a 4-wide vector axis (a QDQ model's quantized input, 226 x 226 x 4 with
+    its padding) unrolled into 113 copies of its quantization chain took 9-17 s to compile and ran 92 us;
+    left a loop, 0.2 s and 60 us. Loops of up to MAX_UNROLL rows stay unrolled (a float transpose's 64 rows of
+    3 channels ran 19 us unrolled against 25 in 14-row tiles). The result stays exact."""
+    from roller.targets.cpu.schedule import MAX_UNROLL
+
+    rows = MAX_UNROLL + 49  # 113
+    expr, prog = check("add_relu", dict(M=2 * rows, N=4), device, lambda e: program(e, (rows, 4), (rows, 4),
+                                                                                  (2 * rows, 4)))
+    _, func, _ = analysed("add_relu", dict(M=2 * rows, N=4))
+    text = schedule(func, expr, prog, device).mod.script()
+    assert "T.unroll(" not in text and re.search(rf"for \w+(, \w+)* in T\.grid\([^)]*\b{rows}\)", text)
+    expr, prog = check("add_relu", dict(M=2 * MAX_UNROLL, N=4), device,
+                       lambda e: program(e, (MAX_UNROLL, 4), (MAX_UNROLL, 4), (2 * MAX_UNROLL, 4)))
+    _, func, _ = analysed("add_relu", dict(M=2 * MAX_UNROLL, N=4))
+    assert f"T.unroll({MAX_UNROLL})" in schedule(func, expr, prog, device).mod.script()

@@ -46,6 +46,13 @@ from roller.tir.schedutil import check_program as _check_program, fuse_axes as _
 from roller.tir.schedutil import main_block as _main_block, producer_of as _producer_of, read_index as _read_index
 from roller.tir.schedutil import PARTITION_HINT, split_vectors, storage_pad as _storage_pad, try_step as _try
 
+# A register tile's loops are unrolled up to this many iterations; a longer one stays a loop. A QDQ model's
+# quantized input (226 x 226 x 4 with its padding) took register tiles of 113 rows of a 4-wide vector: 113
+# copies of its quantization chain compiled in 9-17 s and ran 92 us, as a loop 0.2 s and 60 us. A float
+# transpose's 64 rows of 3 channels, unrolled, ran 19 us against 25 in 14-row tiles (docs/models.md,
+# "Compile time").
+MAX_UNROLL = 64
+
 
 @dataclass
 class _AxisLoops:
@@ -337,7 +344,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
                                 device.private_levels[0].capacity_bytes // device.units.vector_bytes)
     for a in axes if not program.amx else ():  # an AMX register tile's loops are tensorized (below)
         if (a is not vec and a.name not in rolled and a.levels[0] is not None
-                and _loop_extent(sch, a.levels[0]) > 1):
+                and 1 < _loop_extent(sch, a.levels[0]) <= MAX_UNROLL):
             sch.unroll(a.levels[0])
     if grid is not None and _loop_extent(sch, grid) > 1:
         sch.parallel(grid)
@@ -417,6 +424,7 @@ def _dot_loop(sch, expr: Expr, program: RProgram, reduce: list[_AxisLoops], vec:
     else:
         k.levels[0], loop = sch.split(k.levels[0], [None, depth])
     return loop
+
 
 
 def _select_axes(sch, block, axes: list[_AxisLoops]) -> list[_AxisLoops]:
