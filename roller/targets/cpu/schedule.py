@@ -426,7 +426,6 @@ def _dot_loop(sch, expr: Expr, program: RProgram, reduce: list[_AxisLoops], vec:
     return loop
 
 
-
 def _select_axes(sch, block, axes: list[_AxisLoops]) -> list[_AxisLoops]:
     """The spatial axes whose loops decide a select in the block's value: a concatenation's ``if_then_else``
     on its channel. Where the block reduces nothing, their tile loops (not the grid, nor the unrolled register
