@@ -346,6 +346,28 @@ def test_eviction_keeps_the_bound_and_drops_the_least_recently_used(tmp_path):
     assert store.get(keys[1]) is None
 
 
+def test_puts_count_the_entries_again_only_near_the_bound_or_when_the_count_is_stale(tmp_path, monkeypatch):
+    """Counting reads every entry's meta.json (0.4-0.5 s at 12,000 entries, each put of a compile paying it
+    made DenseNet-121's compile 65 s against 24 with an empty cache): a put counts again only where its
+    running total would pass the bound, or after RECOUNT_SECONDS (other processes publish too)."""
+    store = kc.LocalStore(tmp_path / "c", max_bytes=10_000)
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(os.urandom(1000))
+    counts = []
+    real = store._sizes
+    monkeypatch.setattr(store, "_sizes", lambda: counts.append(1) or real())
+    for i in range(5):
+        store.put(f"{i:040d}", lib, {"op": f"op{i}"}, {})
+    assert len(counts) == 1  # ~5.1 KB of 10 KB: counted at the first put only
+    for i in range(5, 12):
+        store.put(f"{i:040d}", lib, {"op": f"op{i}"}, {})
+    assert 1 < len(counts) and store.stats()["bytes"] <= 10_000 and store.stats()["evictions"] > 0
+    before = len(counts)
+    monkeypatch.setattr(kc, "RECOUNT_SECONDS", 0.0)  # a stale count: the next put counts again
+    store.put(f"{12:040d}", lib, {"op": "op12"}, {})
+    assert len(counts) == before + 1 and store.stats()["bytes"] <= 10_000
+
+
 def test_size_bound_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(kc.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(kc.SIZE_ENV, "64M")
