@@ -312,10 +312,11 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             for lp in loops:
                 if lp is not None:
                     sch.annotate(lp, PARTITION_HINT, 1)
-    selects = _select_axes(sch, block, [a for a in axes if len(expr.axis(a.name).parts) == 1]) if not reduce else []
+    selects = [a for a in (_select_axes(sch, block, [a for a in axes if len(expr.axis(a.name).parts) == 1])
+                           if not reduce else ()) if a.name not in program.predicated]
     for a in selects:
         for lp in a.levels[1:]:
-            if lp is not None and a.name not in program.predicated:
+            if lp is not None:
                 sch.annotate(lp, PARTITION_HINT, 1)
     # --- reg tile: vector lanes on the vector axis, everything else in the reg tile unrolled
     if vec is not None and vec.levels[0] is not None:
@@ -326,7 +327,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
             # overhang as a predicated last vector: vectorized whole, it runs far slower
             # (docs/design-notes.md#schedule-schedule_cpu)
             outer, vloop = split_vectors(sch, vloop, lanes, tail_vector)
-            if any(a is vec for a in selects) and vec.name not in program.predicated:
+            if any(a is vec for a in selects):
                 # a register tile wider than one input of a concatenation: its vectors split where the
                 # inputs meet, as the tile loops above do (a loop that is partitioned cannot be unrolled)
                 sch.annotate(outer, PARTITION_HINT, 1)
