@@ -634,32 +634,39 @@ def test_a_two_vector_register_tile_over_an_odd_count_of_vectors_pads_the_last_o
     run_against_numpy(spec, func, expr, plans[0], device, shape)
 
 
-def test_a_concatenations_channel_loop_is_split_where_its_inputs_meet(device):
-    """A concatenation selects its input by channel (``if_then_else(c < 256, a, b)``). With a partition hint on
-    the channels' tile loop, lowering splits it where the inputs meet and each side copies whole vectors of
-    one input (SqueezeNet's 27x27 of 256 + 256 channels, alone: 58 -> 23 us); the copy stays exact."""
+def concatenation(device, count: int, shape: tuple[int, ...], sizes: tuple[int, int, int]):
+    """(analysis, constructed first plan with the channels' tiles set to ``sizes``) of ``count`` inputs of
+    ``shape`` concatenated along their last axis, and a check that runs a build of it exactly against numpy."""
     import tvm
     from tvm import te, topi
 
     from roller.targets import construct
+
+    ins = [te.placeholder(shape, name=f"x{i}") for i in range(count)]
+    an = analyze(te.create_prim_func([*ins, topi.concatenate(ins, axis=len(shape) - 1)]))
+    first = construct(an.expr, device, topk=1).programs[0]
+    channels = an.expr.axes[-1].name
+    assert an.expr.axes[-1].extent == count * shape[-1] and first.vector_axis == channels
+    prog = dataclasses.replace(first, tiles=tuple({**t, channels: size} for t, size in zip(first.tiles, sizes)))
+
+    def run_exactly(ex):
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal(shape).astype("float32") for _ in ins]
+        out = tvm.runtime.tensor(fill_sentinel(np.empty((*shape[:-1], count * shape[-1]), "float32")))
+        ex["main"](*[tvm.runtime.tensor(x) for x in xs], out)
+        np.testing.assert_array_equal(out.numpy(), np.concatenate(xs, axis=-1))
+    return an, prog, run_exactly
+
+
+def test_a_concatenations_channel_loop_is_split_where_its_inputs_meet(device):
+    """A concatenation selects its input by channel (``if_then_else(c < 256, a, b)``). With a partition hint on
+    the channels' tile loop, lowering splits it where the inputs meet and each side copies whole vectors of
+    one input (SqueezeNet's 27x27 of 256 + 256 channels, alone: 58 -> 23 us); the copy stays exact."""
     from roller.tir.schedutil import PARTITION_HINT
 
-    a = te.placeholder((1, 9, 9, 256), name="a")
-    b = te.placeholder((1, 9, 9, 256), name="b")
-    an = analyze(te.create_prim_func([a, b, topi.concatenate([a, b], axis=3)]))
-    expr = an.expr
-    first = construct(expr, device, topk=1).programs[0]
-    channels = expr.axes[-1].name
-    assert expr.axes[-1].extent == 512 and first.vector_axis == channels
-    tiles = tuple({**t, channels: size} for t, size in zip(first.tiles, (16, 512, 512)))  # a tile loop of 32
-    prog = dataclasses.replace(first, tiles=tiles)
-    assert PARTITION_HINT in schedule(an.func, expr, prog, device).mod.script()
-    ex = build(an.func, expr, prog, device)
-    rng = np.random.default_rng(0)
-    ins = [rng.standard_normal((1, 9, 9, 256)).astype("float32") for _ in range(2)]
-    out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 9, 9, 512), "float32")))
-    ex["main"](*[tvm.runtime.tensor(x) for x in ins], out)
-    np.testing.assert_array_equal(out.numpy(), np.concatenate(ins, axis=3))
+    an, prog, run_exactly = concatenation(device, 2, (1, 9, 9, 256), (16, 512, 512))  # a tile loop of 32
+    assert PARTITION_HINT in schedule(an.func, an.expr, prog, device).mod.script()
+    run_exactly(build(an.func, an.expr, prog, device))
 
 
 def test_a_concatenations_register_tile_wider_than_an_input_copies_whole_vectors(device):
@@ -669,23 +676,13 @@ def test_a_concatenations_register_tile_wider_than_an_input_copies_whole_vectors
     spent 0.2-0.5 s re-vectorizing each of DenseNet-121's concatenations (docs/models.md, "Compile time").
     The copy stays exact."""
     import tvm
-    from tvm import te, topi
 
-    from roller.targets import construct
     from roller.tir.compile import compile_for, target_for
     from roller.tir.schedutil import PARTITION_HINT
 
     lanes = device.units.vector_bytes // 4
-    ins = [te.placeholder((1, 5, 5, 2 * lanes), name=f"x{i}") for i in range(3)]
-    an = analyze(te.create_prim_func([*ins, topi.concatenate(ins, axis=3)]))
-    expr = an.expr
-    first = construct(expr, device, topk=1).programs[0]
-    channels = expr.axes[-1].name
-    assert first.vector_axis == channels
-    width = 6 * lanes
-    tiles = tuple({**t, channels: size} for t, size in zip(first.tiles, (3 * lanes, width, width)))
-    prog = dataclasses.replace(first, tiles=tiles)
-    mod = schedule(an.func, expr, prog, device).mod
+    an, prog, run_exactly = concatenation(device, 3, (1, 5, 5, 2 * lanes), (3 * lanes, 6 * lanes, 6 * lanes))
+    mod = schedule(an.func, an.expr, prog, device).mod
     vector_loop = re.search(r"for \w+ in T\.(\w+)\(3(, annotations=\{[^}]*\})?\):\s+for \w+ in T\.vectorized", mod.script())
     assert vector_loop and vector_loop.group(1) == "serial" and PARTITION_HINT in (vector_loop.group(2) or "")
     lowered: list[str] = []
@@ -699,11 +696,7 @@ def test_a_concatenations_register_tile_wider_than_an_input_copies_whole_vectors
     with tvm.transform.PassContext(instruments=[AfterVectorizing()]):
         ex = compile_for(tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")}), target_for(device))
     assert lowered and "T.Ramp" in lowered[0]  # whole vectors copied (before: every lane through the selects)
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal((1, 5, 5, 2 * lanes)).astype("float32") for _ in ins]
-    out = tvm.runtime.tensor(fill_sentinel(np.empty((1, 5, 5, width), "float32")))
-    ex["main"](*[tvm.runtime.tensor(x) for x in xs], out)
-    np.testing.assert_array_equal(out.numpy(), np.concatenate(xs, axis=3))
+    run_exactly(ex)
 
 
 def test_a_register_loop_of_more_than_max_unroll_rows_is_not_unrolled(device):
