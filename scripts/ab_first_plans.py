@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from bench_suite import SUITE, case_spec, Skip, load_cases  # noqa: E402  (same folder)
 
@@ -43,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("after", help="snapshot written after it")
     ap.add_argument("cases", nargs="*", help="suite cases to time (default: every case whose first plan moved)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--suite", type=Path, default=SUITE,
+                    help="the suite CSV both snapshots were taken of (cpu_plans_snapshot.py --suite)")
     ap.add_argument("--device", default="host",
                     help="the device both snapshots were taken for (cpu_plans_snapshot.py --device): host, a shipped "
                          "CPU spec or a YAML path")
@@ -63,7 +66,7 @@ def main(argv=None) -> int:
     with open(args.after) as f:
         after = json.load(f)
     names = args.cases or moved(before, after)
-    cases = {c.name: c for c in load_cases(SUITE)}
+    cases = {c.name: c for c in load_cases(args.suite)}
     unknown = [n for n in names if n not in cases or not isinstance(before.get(n), list)
                or not isinstance(after.get(n), list)]
     if unknown:

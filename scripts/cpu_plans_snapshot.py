@@ -1,4 +1,4 @@
-"""Dumps roller.plan.construct's top-10 plans (RProgram.to_dict) for every case of suite.csv on a CPU device, or
+"""Dumps roller.plan.construct's top-10 plans (RProgram.to_dict) for every case of suite.csv (or --suite) on a CPU device, or
 checks that a dump made earlier is byte-identical: the guard that a policy change left the CPU's plans alone.
 
     python3 scripts/cpu_plans_snapshot.py --write /tmp/cpu_plans.json     # before the change
@@ -16,16 +16,16 @@ import json
 import sys
 from pathlib import Path
 
-from bench_suite import matching_specs  # noqa: E402  (same folder)
+from bench_suite import SUITE, matching_specs  # noqa: E402  (same folder)
 
 
-def dump(device_name: str, cases: str | None = None) -> str:
+def dump(device_name: str, cases: str | None = None, suite: Path = SUITE) -> str:
     from roller.builder import api
     from roller import load_device
 
     device = load_device(device_name)
     out = {}
-    for case, spec, skipped in matching_specs(cases):
+    for case, spec, skipped in matching_specs(cases, suite):
         if skipped:
             out[case.name] = f"skipped: {skipped}"
             continue
@@ -42,10 +42,12 @@ def main(argv=None) -> int:
     group.add_argument("--check", metavar="JSON", help="compare with the dump written here before")
     ap.add_argument("--device", default="host", help="host (default), a shipped CPU spec or a YAML path")
     ap.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches (a quick check)")
+    ap.add_argument("--suite", type=Path, default=SUITE,
+                    help="the suite CSV (default scripts/suite.csv; scripts/gemm_suite.csv: issue 32's GEMM shapes)")
     ap.add_argument("--ignore-keys", metavar="KEYS", default="",
                     help="comma-separated plan keys left out of the comparison (fields added since the dump)")
     args = ap.parse_args(argv)
-    text = dump(args.device, args.cases)
+    text = dump(args.device, args.cases, args.suite)
     if args.write:
         Path(args.write).write_text(text)
         print(f"wrote {args.write} ({len(json.loads(text))} cases)")
