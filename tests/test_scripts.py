@@ -20,7 +20,8 @@ CASE = "bert_rowsum_128x768"  # a small suite case: one 128x768 row sum
 
 # name -> (arguments (TMP: a temporary folder), regular expression the output must contain, slow)
 SMOKE: dict[str, tuple[list[str], str, bool]] = {
-    "ab_first_plans": (["TMP/plans.json", "TMP/plans.json", CASE, "--rounds", "1"], r"old/new paired \d", True),
+    "ab_first_plans": (["TMP/plans.json", "TMP/plans.json", CASE, "--rounds", "1", "--suite", str(SCRIPTS / "suite.csv")],
+                       r"old/new paired \d", True),
     "bench_dynamo": (["--models", "tiny_resnet", "--engines", "eager,roller,onnxruntime", "--rounds", "1", "--target",
                       "0.01", "--out", "TMP/bd"], r"\| tiny_resnet \| roller \| [\d.]+ \| [\d.]+ \| 1\.00 \|", True),
     "bench_matmul": (["--procs", "1", "--size", "128", "--plan", "hand"], r"ratio|GFLOP/s", True),
@@ -37,7 +38,8 @@ SMOKE: dict[str, tuple[list[str], str, bool]] = {
     "compare_plans": (["matmul", "M=64,N=64,K=64", "0", "1", "--rounds", "1", "--no-torch", "--constants", "B"], r"\d",
                       True),  # --constants: the prepacked path (benchutil.checked_plan) too
     "core_speeds": (["--seconds", "1", "--bucket", "0.5"], r"\d", False),
-    "cpu_plans_snapshot": (["--check", "TMP/plans.json", "--cases", CASE], r"identical: 1 cases", False),
+    "cpu_plans_snapshot": (["--check", "TMP/plans.json", "--cases", CASE, "--suite", str(SCRIPTS / "suite.csv")],
+                           r"identical: 1 cases", False),
     "export_models": (["--list"], r"resnet50\ttorchvision", False),  # --list needs no torch
     "gpu_matmul_vs_dlight": (["--shape", "256,256,256", "--topk", "1"], r"dlight", True),
     "gpu_suite": (["--cases", CASE, "--topk", "1"], CASE, False),

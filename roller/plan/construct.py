@@ -12,6 +12,7 @@ Plans are ranked with roller.plan.cost; epsilon (the allowed padding waste) grow
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ SMALL_DIVISORS = 8
 # its last tile is padded or predicated, which the model charges. Set so that an odd count of vectors (11
 # padded to 12, 9%) still gets two-vector tiles; docs/design-notes.md#construct-two_vector_waste.
 TWO_VECTOR_WASTE = 0.1
+# The widest register tile (in vectors along the vector axis) scale_up's fullest() tries; wider ones leave
+# too few registers for rows (docs/design-notes.md#construct-fullest).
+MAX_REGISTER_VECTORS = 8
 
 
 @dataclass(frozen=True)
@@ -261,6 +265,36 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
                 ends.append(stack[-1])
         return min(ends, key=q, default=None)
 
+    def fullest() -> dict[str, int] | None:
+        """The register tile holding the most accumulator vectors (least traffic among equals) of a GEMM: a
+        reduction along one axis and one row axis (a spatial axis that the reduced input the vector axis
+        indexes does not index: the rows of A; batch axes index both): each width along the vector axis, up to
+        MAX_REGISTER_VECTORS vectors, grown along the rows as far as the registers hold it. The growths above
+        stop at power-of-two shapes (BERT's FFN: 4 rows x 4 vectors, 16 accumulators), where 8 rows x 3
+        vectors (24) streams half the weight per multiply-add. Not for convolutions' pixel rows (h and w):
+        there the plans above such tiles lost (1x1 convs on 11x11, 0.72x), the model not seeing their top
+        tiles' split reductions; docs/design-notes.md#construct-fullest."""
+        if (vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1 or not registers
+                or sum(a.extent > 1 for a in expr.reduce_axes) != 1):
+            return None
+        reduce = {a.name for a in expr.reduce_axes}
+        columns = set().union(*(t.axes for t in expr.inputs if vector_axis in t.axes and t.axes & reduce))
+        rows = [a.name for a in expr.spatial_axes if a.name not in columns and extents[a.name] > 1]
+        if len(rows) != 1:
+            return None
+        best, best_key, width = None, None, tile[vector_axis]
+        while width is not None and width <= MAX_REGISTER_VECTORS * rules.lanes:
+            start = {**tile, vector_axis: width}
+            if held(start) > rules.capacity:
+                break
+            t = grow(start, {a.name for a in expr.axes} - set(rows))[0][-1]
+            key = (-ceil_div(math.prod(expr.output.region(t)), rules.lanes), q(t))
+            if best_key is None or key < best_key:
+                best, best_key = t, key
+            width = next_aligned(extents[vector_axis], width, steps[vector_axis], seed.get(vector_axis, 1), eps,
+                                 limit, vector_axis in exact)
+        return best
+
     path, first_bound = grow(tile, set())
     # The greedy choice is myopic (an axis that wins early can use up the level); the same growth with
     # one axis held at the seed gives the other shapes of the level's tile, for the model to rank. Holding
@@ -280,18 +314,19 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         stack = [t for t in path if stack_array(expr, t)]
         if stack and stack[-1] is not path[-1] and _reduction_fits_above(expr, device, stack[-1], vector_axis):
             picks.insert(1, stack[-1])
-    extra = None  # beyond BRANCH: a shape the growths pass by
+    extras = []  # beyond BRANCH: shapes the growths pass by
     if index == 0 and expr.reduce_axes:
-        extra = two_vectors()
+        extras = [two_vectors(), fullest()]
     elif index < len(levels) - 1 and expr.reduce_axes:
         # the tile below grown along the reduction only: one register tile's accumulators per tile, its
         # reduction chunked here, a shape the greedy growth passes by
         # (docs/design-notes.md#construct-reduction_only).
-        extra = grow(tile, {a.name for a in expr.spatial_axes})[0][-1]
+        extras = [grow(tile, {a.name for a in expr.spatial_axes})[0][-1]]
     branch = BRANCH
-    if extra is not None and extra not in picks[:BRANCH]:
-        picks.insert(1, extra)
-        branch += 1
+    for extra in extras:
+        if extra is not None and extra not in picks[:branch]:
+            picks.insert(1, extra)
+            branch += 1
     if rescue:
         # the picks ended no plan: a tile the next level cannot hold (at level 0: window rows in the register
         # tile beside a whole, unalignable reduction at L1) gives way to the last tiles on the growths that
