@@ -139,8 +139,9 @@ def test_axis_fusion_keeps_matmul_and_fuses_only_what_all_tensors_agree_on():
 def test_a_residual_epilogue_streams_at_the_write_back():
     """A fused residual (an input shaped like the output, no reduction axis) is read once per output point
     at the write-back: it holds no register-tile space and moves once per spatial tile, so the register
-    tile is the one without it; a bias still counts unless the output's other axes have extent 1 (a GEMV)
-    (rtile.epilogue_inputs)."""
+    tile is the one without it. A bias takes no register either (it is loaded at the write-back, when the
+    reduction's operands have left the registers), but above the registers it counts unless the output's
+    other axes have extent 1 (a GEMV) (rtile.epilogue_inputs, rtile.footprint)."""
     import dataclasses
 
     from policy_exprs import acc
@@ -160,7 +161,9 @@ def test_a_residual_epilogue_streams_at_the_write_back():
     assert first(residual) == first(base)
     rules = LevelRules.of(device, 0, residual)
     tile = {"i": 4, "j": 64, "k": 4}
-    assert footprint(residual, tile, rules) == footprint(base, tile, rules) < footprint(bias, tile, rules)
+    assert footprint(residual, tile, rules) == footprint(base, tile, rules) == footprint(bias, tile, rules)
+    l1 = LevelRules.of(device, 1, residual)  # above the registers a bias is held with its tile
+    assert footprint(residual, tile, l1) == footprint(base, tile, l1) < footprint(bias, tile, l1)
     spatial = tile_counts(residual, tile)[1]
     assert traffic(residual, tile, rules) - traffic(base, tile, rules) == 4 * 64 * 4 * spatial
 

@@ -258,8 +258,13 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
 
 def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
     """F(T): bytes all tensors' regions occupy at the level (the whole tile is held there); epilogue
-    inputs stream through at the write-back and hold nothing (:func:`epilogue_inputs`)."""
+    inputs stream through at the write-back and hold nothing (:func:`epilogue_inputs`). In the registers no
+    input without a reduction axis (a bias) is held either: it is loaded at the write-back, when the
+    reduction's operands have left them (docs/design-notes.md#rtile-footprint)."""
     streamed = epilogue_inputs(expr)
+    if rules.index == 0 and expr.reduce_axes:
+        reduce = {a.name for a in expr.reduce_axes}
+        streamed = streamed | {t.name for t in expr.inputs if not t.axes & reduce}
     return sum(tensor_footprint(t, tile, rules) for t in expr.tensors if t.name not in streamed)
 
 
