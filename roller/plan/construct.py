@@ -110,7 +110,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
     way whose accumulators make a stack array (where the greedy end's would not and the next level holds
     the whole reduction), the greedy ends with one axis held at the seed (least traffic first), the first
     compute-bound tile on the way, the step before the end; and beyond BRANCH, where they are new, at level
-    0 a register tile two vectors wide and at a middle level the tile below grown along the reduction only:
+    0 a register tile two vectors wide and a GEMM's with the most accumulators (``fullest``), and at a middle
+    level the tile below grown along the reduction only:
     shapes the growths pass by that the model ranks first where they run fastest.
     With ``rescue`` (construction asks where the picks ended no plan at all), picks that leave the next level
     no room for a tile give way to the last tiles on the growths that do.
@@ -272,8 +273,8 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         MAX_REGISTER_VECTORS vectors, grown along the rows as far as the registers hold it. The growths above
         stop at power-of-two shapes (BERT's FFN: 4 rows x 4 vectors, 16 accumulators), where 8 rows x 3
         vectors (24) streams half the weight per multiply-add. Not for convolutions' pixel rows (h and w):
-        there the plans above such tiles lost (1x1 convs on 11x11, 0.72x), the model not seeing their top
-        tiles' split reductions; docs/design-notes.md#construct-fullest."""
+        the model does not see the split reductions of the top tiles above such tiles, and their first plans
+        lost; docs/design-notes.md#construct-fullest."""
         if (vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1 or not registers
                 or sum(a.extent > 1 for a in expr.reduce_axes) != 1):
             return None

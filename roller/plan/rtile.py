@@ -256,15 +256,23 @@ def epilogue_inputs(expr: Expr) -> frozenset[str]:
     return found
 
 
+def _register_streamed(expr: Expr) -> frozenset[str]:
+    """The inputs a register tile does not hold: the epilogue inputs and, beside a reduction, every input
+    without a reduction axis (once per Expr: construction asks per tile)."""
+    found = expr.__dict__.get("_register_streamed")
+    if found is None:
+        reduce = {a.name for a in expr.reduce_axes}
+        found = epilogue_inputs(expr) | frozenset(t.name for t in expr.inputs if reduce and not t.axes & reduce)
+        object.__setattr__(expr, "_register_streamed", found)
+    return found
+
+
 def footprint(expr: Expr, tile: Mapping[str, int], rules: LevelRules) -> int:
     """F(T): bytes all tensors' regions occupy at the level (the whole tile is held there); epilogue
     inputs stream through at the write-back and hold nothing (:func:`epilogue_inputs`). In the registers no
     input without a reduction axis (a bias) is held either: it is loaded at the write-back, when the
     reduction's operands have left them (docs/design-notes.md#rtile-footprint)."""
-    streamed = epilogue_inputs(expr)
-    if rules.index == 0 and expr.reduce_axes:
-        reduce = {a.name for a in expr.reduce_axes}
-        streamed = streamed | {t.name for t in expr.inputs if not t.axes & reduce}
+    streamed = _register_streamed(expr) if rules.index == 0 else epilogue_inputs(expr)
     return sum(tensor_footprint(t, tile, rules) for t in expr.tensors if t.name not in streamed)
 
 
