@@ -24,7 +24,7 @@ from roller.plan.expr import REDUCE, Expr
 from roller.plan.choices import estimated, plan_choices
 from roller.plan.dot import amx_register_tiles, is_amx_tile
 from roller.plan.cost import Estimate, compute_rate, rank, source_bandwidth, tensor_bytes
-from roller.plan.panels import panel_tiles
+from roller.plan.panels import panel_tiles, resident_input
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import (LevelRules, default_vector_axis, aligned_sizes, axis_step, ceil_div, compute_lanes, footprint,
                                level_footprints, exact_axes, layout_expr, next_aligned, packing_bytes,
@@ -275,11 +275,11 @@ def scale_up(expr: Expr, device: Device, index: int, below_tiles: list[Mapping[s
         vectors (24) streams half the weight per multiply-add. Not for convolutions' pixel rows (h and w):
         the model does not see the split reductions of the top tiles above such tiles, and their first plans
         lost; docs/design-notes.md#construct-fullest."""
-        if (vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1 or not registers
-                or sum(a.extent > 1 for a in expr.reduce_axes) != 1):
+        b = resident_input(expr, vector_axis)  # B: the vector axis indexes it, the rows do not
+        if vector_axis is None or expr.axis(vector_axis).kind == REDUCE or rules.lanes <= 1 or not registers \
+                or b is None:
             return None
-        reduce = {a.name for a in expr.reduce_axes}
-        columns = set().union(*(t.axes for t in expr.inputs if vector_axis in t.axes and t.axes & reduce))
+        columns = next(t.axes for t in expr.inputs if t.name == b)
         rows = [a.name for a in expr.spatial_axes if a.name not in columns and extents[a.name] > 1]
         if len(rows) != 1:
             return None
