@@ -426,6 +426,39 @@ def test_inlined_and_staged_padding_numerics(device, op, shape):
 
 
 @pytest.mark.build
+@pytest.mark.parametrize("rows,cols,shape", [
+    # a stride-2 3x3 conv in register tiles of 4 rows: most tiles read no padding
+    (4, 1, dict(N=1, H=28, W=28, C=8, K=64, R=3, S=3, stride=2, pad=1)),
+    # the register tile is a whole column of the 7x7 output: every tile reads a padded row, none runs unchecked
+    (7, 1, dict(N=1, H=14, W=14, C=8, K=32, R=3, S=3, stride=2, pad=1)),
+])
+def test_register_tiles_inside_the_padding_run_without_bounds_checks(device, rows, cols, shape):
+    """With its zero padding read in place, a convolution runs the register tile's reduction twice over: a copy
+    without the checks where the tile reads no padding, the checked loops at the borders; both give numpy's
+    result (the border tiles included: the output starts as NaN)."""
+    from roller.targets.cpu.inline_pad import unswitched_padding
+
+    spec, func, expr, progs = constructed("conv2d", shape, device, topk=1)
+    reg = dict(progs[0].tiles[0], h=rows, w=cols, r=3, s=1, c=1, k=shape["K"] // 2)
+    l1 = dict(reg, c=shape["C"])
+    top = dict(l1, h=rows * (2 if rows < 7 else 1), w=expr.axis("w").extent, s=3)
+    plan = dataclasses.replace(progs[0], tiles=(reg, l1, top)[:len(progs[0].tiles)], vector_axis="k", padded=(),
+                               predicated=(), packed=(), inlined=("pad_temp",), storage_pad={})
+    text = schedule(func, expr, plan, device).mod.script()
+    checked = "T.if_then_else" in text
+    if rows < 7:
+        assert "_inside" in text and checked, text  # both copies
+        inside = text[text.index("_inside"):]
+        assert "T.if_then_else" not in inside[:inside.index("else:")], text  # the copy reads without checks
+    else:
+        assert "_inside" not in text and checked, text
+    run_against_numpy(spec, func, expr, plan, device, shape)
+    # a function without a block of that name, or without checks, is returned as it was
+    assert unswitched_padding(func, "no_such_block", {"data"}).same_as(func)
+    assert unswitched_padding(func, "conv", {"weight"}).same_as(func)
+
+
+@pytest.mark.build
 def test_a_tile_wider_than_a_short_vector_axis_runs_whole_vectors(device):
     """A register tile of 48 channels over 36 (the whole axis, not a whole number of vectors) and its
     write-back run 16-lane vectors, the last one predicated: vectorized whole, 84 channels of an average

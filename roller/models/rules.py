@@ -117,7 +117,8 @@ class RollerRule(Rule):
         plan = {"expr": expr.name, "axes": {a.name: a.extent for a in expr.axes},
                 "tiles": {lv: dict(t) for lv, t in zip(program.levels, program.tiles)},
                 "vector_axis": program.vector_axis, "dot_depth": program.dot_depth, "amx": program.amx,
-                "grid": dict(program.grid),
+                "grid": dict(program.grid), "packed": list(program.packed), "inlined": list(program.inlined),
+                "padded": list(program.padded), "predicated": list(program.predicated),
                 "balanced": program.balanced, "prefetched": list(program.prefetched),
                 "predicted_seconds": program.predicted_seconds}
         return Scheduled(sch, plan, tuple(notes), prepacked)

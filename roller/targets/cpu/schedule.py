@@ -37,6 +37,7 @@ from roller.plan.rprogram import RProgram
 from roller.plan.rtile import clamp_tiles, compute_lanes
 from roller.plan.choices import serial_tail, vector_tail_split
 from roller.plan.tails import rolled_reduce_axes, tiling_extents
+from roller.targets.cpu.inline_pad import padding_sources, unswitched_padding
 from roller.targets.cpu.prefetch import prefetch_prepacked
 from roller.targets.cpu.amx import register_amx, with_tile_state
 from roller.targets.cpu.vnni import register_vnni
@@ -96,6 +97,11 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if set(program.inlined) - set(expr.inlinable):
         raise BuildError(f"{expr.name}: the plan inlines the stages that write {sorted(program.inlined)}, but the "
                          f"function's zero-padding stages write {sorted(expr.inlinable) or 'no input'}")
+    # inlined padding read by broadcasts (not in vectors along the vector axis, whose checks cost nothing
+    # measurable): its register tiles inside the borders run unchecked (after scheduling, below)
+    broadcast = [t.name for t in expr.inputs
+                 if t.name in program.inlined and program.vector_axis not in t.innermost_axes()]
+    pad_sources = padding_sources(func, broadcast) if broadcast else frozenset()
     sch = tvm.s_tir.Schedule(func)
     block = _main_block(sch, expr)
     extents = expr.extents
@@ -354,6 +360,7 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     if reduce:
         # the init goes right below the accumulator: annotate loops first, decompose last
         _init_in_layout_order(sch, sch.decompose_reduction(block, order[first_reduce]), block)
+    update = sch.get(block).name_hint  # the block that reads inlined padding (the reduction's update)
     if wb is not None:
         # the write-back's own loops start below the accumulator's loop: its init goes above them all
         _init_in_layout_order(sch, sch.decompose_reduction(wb, sch.get_loops(wb)[first_reduce or 0]), wb)
@@ -376,7 +383,10 @@ def schedule_cpu(func, expr: Expr, program: RProgram, device: Device, root_copie
     elif program.prefetched or dot is not None:
         raise BuildError(f"{expr.name}: the plan prefetches {list(program.prefetched)} or runs dot-product lanes "
                          f"(depth {program.dot_depth}) on a weight it does not prepack")
-    return with_main(sch, in_registers(sch.mod["main"]))
+    func = in_registers(sch.mod["main"])
+    if pad_sources:
+        func = unswitched_padding(func, update, pad_sources)
+    return with_main(sch, func)
 
 
 def _tensorize_amx(sch, name: str, expr: Expr, program: RProgram, device: Device, count: int) -> str:
@@ -657,3 +667,4 @@ def _transpose(sch, block, order: tuple[int, ...]) -> None:
     index_map = tvm.tirx.IndexMap.from_func(lambda *i: [i[j] for j in order], ndim=len(order))
     sch.transform_layout(block, ("write", 0), index_map)
     sch.transform_block_layout(block, index_map)
+
