@@ -198,6 +198,7 @@ def test_quick_calibration_json(tmp_path, capsys):
         assert key in res
     assert res["path"] == str(out)
     assert res["peak_gflops"]["float32"] > 0 and res["peak_gflops"]["float64"] > 0
+    assert res["peak_gflops"]["int32"] > 0  # integer multiply-adds without dot steps, measured too
     assert set(res["bandwidth_gbps"]) == {"L1", "L2", "L3", "DRAM"}
     assert all(v > 0 for v in res["bandwidth_gbps"].values())
     assert "bfloat16" in res["skipped"]

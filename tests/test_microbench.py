@@ -110,12 +110,18 @@ def test_stream_kernels_match_numpy(tvm_env, kind, parallel):
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("dtype,lanes,parallel", [("float32", 16, False), ("float64", 8, True)])
+@pytest.mark.parametrize("dtype,lanes,parallel", [("float32", 16, False), ("float64", 8, True), ("int32", 16, True)])
 def test_peak_kernel_matches_numpy(tvm_env, dtype, lanes, parallel):
+    """The peak tile in each dtype the calibration measures with it (int32: the multiply-adds of an integer
+    kernel without dot steps) gives numpy's sums."""
     units, mr, nv, k, reps = (2 if parallel else 1), 14, 2, 8, 3
     rng = np.random.default_rng(4)
-    a = rng.standard_normal((units, mr, k)).astype(dtype)
-    b = rng.standard_normal((units, k, nv * lanes)).astype(dtype)
+    if dtype == "int32":
+        a = rng.integers(-50, 50, (units, mr, k)).astype(dtype)
+        b = rng.integers(-50, 50, (units, k, nv * lanes)).astype(dtype)
+    else:
+        a = rng.standard_normal((units, mr, k)).astype(dtype)
+        b = rng.standard_normal((units, k, nv * lanes)).astype(dtype)
     c = np.zeros((units, mr, nv * lanes), dtype)
     _, _, C = _run(tvm_env, K.peak_kernel(dtype, lanes, mr, nv, k, reps, units, parallel), a, b, c)
     want = reps * np.einsum("uik,ukj->uij", a.astype("float64"), b.astype("float64"))

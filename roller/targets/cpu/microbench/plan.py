@@ -16,7 +16,7 @@ from roller.targets.cpu.microbench.kernels import ROW
 ROW_BYTES = ROW * 4          # one stream row (float32): the size granularity per unit
 DRAM_MIN_BYTES = 256 << 20   # main-memory working set: at least this, and 4x the level above
 SMALL_ROWS = (1, 4, 8, 16, 32)  # small-transfer row lengths, float32 elements
-PEAK_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8")
+PEAK_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int32")
 SWEEP_START = 16 << 10
 
 
