@@ -82,6 +82,8 @@ def test_conv2d_sliding_window(stride, pad, dilation):
     assert a.producer_blocks == (("pad_temp",) if pad else ())
     assert e.staged == (("pad_temp",) if pad else ())  # the model charges the stage's copy per top tile
     assert e.inlinable == e.staged  # zero padding, no gather: a plan may read the tensor in place instead
+    # the padding's widths, before and after each dimension of the padded tensor
+    assert e.pad_widths == ((("pad_temp", ((0, 0), (pad, pad), (pad, pad), (0, 0))),) if pad else ())
     blocks = [b for b in ("pad_temp", "conv") if b in a.func.script()]
     assert blocks == (["pad_temp", "conv"] if pad else ["conv"])
     # the sliding-window region of an output tile: (t-1)*stride + (r-1)*dilation + 1

@@ -104,6 +104,32 @@ def test_staged_window_rows_are_padded_against_cache_set_conflicts():
     assert "X" not in packing(e, part, DEV, inlined=("X",))[1]
 
 
+def test_padding_is_not_read_in_place_where_every_register_tile_reads_some():
+    """Inlined padding runs unchecked in the register tiles inside the borders (targets.cpu.inline_pad); where
+    no register tile is inside (a column of all 7 output rows of a 3x3/2 conv on 14x14, its window's 3 rows
+    in the tile) every load stays checked, and the stage is copied instead. Tiles of 4 rows on 28 output rows
+    have interior positions; without the widths nothing changes."""
+    from roller.plan.tails import every_tile_reads_padding, inline_options
+    e = dataclasses.replace(conv2d_nhwc(1, 7, 7, 512, 512, 3, 3, stride=2), staged=("X",),
+                            inlinable=("X",), pad_widths=(("X", ((0, 0), (1, 1), (1, 1), (0, 0))),))
+    x = next(t for t in e.inputs if t.name == "X")
+    column = {"n": 1, "h": 7, "w": 1, "k": 32, "r": 3, "s": 1, "c": 1}
+    tiles = [column, dict(column, c=32), dict(column, w=7, s=3, c=128)]
+    assert every_tile_reads_padding(e, x, column)
+    assert inline_options(e, tiles, "k", 16, ()) == [()]
+    row = {"n": 1, "h": 1, "w": 7, "k": 32, "r": 1, "s": 3, "c": 1}  # the whole row: col -1 in every tile
+    assert every_tile_reads_padding(e, x, row)
+    big = dataclasses.replace(conv2d_nhwc(1, 28, 28, 128, 128, 3, 3, stride=2), staged=("X",),
+                              inlinable=("X",), pad_widths=(("X", ((0, 0), (1, 0), (1, 0), (0, 0))),))
+    four = {"n": 1, "h": 4, "w": 1, "k": 64, "r": 1, "s": 1, "c": 1}
+    assert not every_tile_reads_padding(big, next(t for t in big.inputs if t.name == "X"), four)
+    assert inline_options(big, [four, dict(four, c=32), dict(four, w=28, r=3, s=3, c=64)], "k", 16, ()) \
+        == [(), ("X",)]
+    unknown = dataclasses.replace(e, pad_widths=())
+    assert not every_tile_reads_padding(unknown, x, column)
+    assert inline_options(unknown, tiles, "k", 16, ()) == [(), ("X",)]
+
+
 def test_short_strided_rows_cost_the_calibrated_efficiency():
     """A top tile taking part of each row of an input streams it at the calibrated small-transfer
     efficiency (64 B rows of a 384 B row: 42% on the calibrated machine) for the bytes that come from

@@ -119,6 +119,9 @@ class Expr:
     # staged inputs whose stage is zero padding only (no layout gather): a plan may inline it into the main
     # block instead (RProgram.inlined), reading the tensor directly behind a bounds check
     inlinable: tuple[str, ...] = field(default=())
+    # per inlinable input, the zero padding its stage adds before and after each dimension ((before, after),
+    # ...); filled by roller.tir.analysis where the stage reads its source at constant offsets
+    pad_widths: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = field(default=())
     # staged inputs whose stage repeats each element it reads over this many consecutive elements it writes
     # (a grouped convolution's group_rep: one input channel for the K/groups output channels of its group):
     # the stage reads 1/repeat of the bytes it writes; filled by roller.tir.analysis

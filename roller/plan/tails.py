@@ -382,6 +382,32 @@ def transposed_elements(expr: Expr, top: Mapping[str, int], in_registers: tuple[
     return scattered, shuffled
 
 
+def every_tile_reads_padding(expr: Expr, t, reg: Mapping[str, int]) -> bool:
+    """Whether every register tile ``reg`` reads some of input ``t``'s zero padding (``Expr.pad_widths``): along
+    one padded dimension no position of the tile keeps its window (the register tile's own reduce extents)
+    inside the tensor. Code generation then has no register tile to run without the bounds checks
+    (``targets.cpu.inline_pad``) and every load of the tile is checked, which cost 1.2-2x the copy
+    (docs/design-notes.md#tails-every_tile_reads_padding). False where the widths are unknown."""
+    widths = dict(expr.pad_widths).get(t.name)
+    if not widths:
+        return False
+    kinds = {a.name: a for a in expr.axes}
+    for dim, size, (before, after) in zip(t.index, t.shape, widths):
+        if not (before or after):
+            continue
+        spatial = [(a, c) for a, c in dim if kinds[a].kind != REDUCE]
+        if len(spatial) != 1 or any(c < 0 for _, c in dim):
+            continue
+        (axis, coef), = spatial
+        step = min(reg[axis], kinds[axis].extent)
+        window = sum(c * (min(reg[a], kinds[a].extent) - 1) for a, c in dim if kinds[a].kind == REDUCE)
+        inside = any(coef * p >= before and coef * (p + step - 1) + window <= size - after - 1
+                     for p in range(0, kinds[axis].extent - step + 1, step))
+        if not inside:
+            return True
+    return False
+
+
 def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: str | None, lanes: int,
                    padded: tuple[str, ...]) -> list[tuple[str, ...]]:
     """The ways a plan may run the function's zero-padding stages (``Expr.inlinable``): copied per top tile
@@ -394,7 +420,8 @@ def inline_options(expr: Expr, tiles: Sequence[Mapping[str, int]], vector_axis: 
     loop of its own (``vector_tail_split``). Nor where the plan predicates an axis of the window
     besides the vector axis: lowering then splits the loops on the window's bounds too, and the copies
     multiply (compiling takes several times longer). Measurements: docs/design-notes.md#tails-inline_options."""
-    stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded))
+    stages = tuple(t.name for t in expr.inputs if t.name in expr.inlinable and not t.axes & set(padded)
+                   and not (vector_axis not in t.innermost_axes() and every_tile_reads_padding(expr, t, tiles[0])))
     if not stages:
         return [()]
     predicated = predicated_axes(expr, tiles, vector_axis, lanes, padded)

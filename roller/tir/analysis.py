@@ -102,8 +102,14 @@ def analyze(func, name: str | None = None) -> Analysis:
     staged = {w.source.name for p in producers for w in sch.get(blocks[p]).writes}
     padding = {w.source.name for p in producers for w in sch.get(blocks[p]).writes
                if not _gathers(sch.get(blocks[p])) and not sch.get_producers(blocks[p])}
+    widths = {}
+    for p in producers:
+        block = sch.get(blocks[p])
+        if block.writes[0].source.name in padding and (w := _pad_widths(block)) is not None:
+            widths[block.writes[0].source.name] = w
     expr = replace(expr, staged=tuple(t.name for t in expr.inputs if t.name in staged),
                    inlinable=tuple(t.name for t in expr.inputs if t.name in padding),
+                   pad_widths=tuple((t.name, widths[t.name]) for t in expr.inputs if t.name in widths),
                    repeats=_repeats(sch, blocks, producers, {t.name for t in expr.inputs}))
     ivs = sch.get(blocks[main_name]).iter_vars
     return Analysis(expr=expr, func=sch.mod["main"], epilogue_block=epilogue, accumulator=accumulator,
@@ -129,3 +135,23 @@ def analyze_fused(func) -> tuple[Expr, Any]:
     TE tensors: what construction and code generation take."""
     found = analyze(func)
     return fuse_axes(found.expr), found.func
+
+
+def _pad_widths(block) -> tuple[tuple[int, int], ...] | None:
+    """The zero padding a padding stage adds per dimension, (before, after): where it writes element ``i`` from
+    its one source's element ``i - before``; None for a stage of another form."""
+    from tvm import sym, tirx
+
+    if len(block.reads) != 1 or len(block.writes) != 1:
+        return None
+    src, out = block.reads[0], block.writes[0]
+    if len(src.region) != len(out.region):
+        return None
+    analyzer = sym.Analyzer()
+    widths = []
+    for r, w, n_src, n_out in zip(src.region, out.region, src.source.shape, out.source.shape):
+        before = analyzer.simplify(w.min - r.min)
+        if not isinstance(before, tirx.IntImm):
+            return None
+        widths.append((int(before), int(n_out) - int(n_src) - int(before)))
+    return tuple(widths)
