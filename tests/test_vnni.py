@@ -119,8 +119,9 @@ def test_plans_run_dot_lanes_on_a_prepacked_weight_at_the_int8_peak():
     assert construct(expr, vnni, 1).programs[0].dot_depth == 1  # a weight that is no constant: no [K/4, N, 4]
     plain = construct(expr, load_device("x86-avx512"), 1, frozenset({"B"})).programs[0]
     assert plain.dot_depth == 1
-    # the model charges the int8 peak (4 multiply-adds a lane) where the plan runs dot-product lanes
-    ratio = vnni.units.peak("int8") / vnni.units.peak("float32")
+    # the model charges the int8 peak (4 multiply-adds a lane) where the plan runs dot-product lanes, the
+    # int32 multiply-add peak where it does not
+    ratio = vnni.units.peak("int8") / vnni.units.peak("int32")
     assert plain.compute_seconds / first.compute_seconds == pytest.approx(ratio, rel=0.3)
 
 

@@ -9,11 +9,16 @@ from roller.device.spec import Device
 
 
 _THREADS_LOCK = threading.Lock()
+# yields a TVM worker spins through, once its pool goes idle, before it sleeps (TVM's default: 300000, which on
+# a 2-core EPYC VM kept a core busy ~150 ms after every call: onnxruntime timed 100 ms after roller ran 1.3-1.4x
+# slower). 20000: ~11 ms there, far above the microseconds between the kernels of one model run.
+SPIN_COUNT = 20000
 
 
 def set_threads(count: int) -> None:
-    """Makes TVM's CPU thread pool use ``count`` threads, unless the user set TVM_NUM_THREADS, and leaves its
-    workers unpinned (``TVM_BIND_THREADS=0``), unless the user set that.
+    """Makes TVM's CPU thread pool use ``count`` threads, unless the user set TVM_NUM_THREADS, leaves its
+    workers unpinned (``TVM_BIND_THREADS=0``) and lets them spin SPIN_COUNT yields when idle
+    (``TVM_THREAD_POOL_SPIN_COUNT``), unless the user set those.
 
     TVM otherwise starts half the logical CPUs on x86 (one thread on a 2-core machine), and pins each worker
     to a core: a worker whose core other work keeps busy then holds up every parallel region's join for a
@@ -25,6 +30,7 @@ def set_threads(count: int) -> None:
     """
     with _THREADS_LOCK:
         os.environ.setdefault("TVM_BIND_THREADS", "0")
+        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
         os.environ.setdefault("TVM_NUM_THREADS", str(count))
 
 
