@@ -386,7 +386,7 @@ def every_tile_reads_padding(expr: Expr, t, reg: Mapping[str, int]) -> bool:
     """Whether every register tile ``reg`` reads some of input ``t``'s zero padding (``Expr.pad_widths``): along
     one padded dimension no position of the tile keeps its window (the register tile's own reduce extents)
     inside the tensor. Code generation then has no register tile to run without the bounds checks
-    (``targets.cpu.inline_pad``) and every load of the tile is checked, which cost 1.2-2x the copy
+    (``targets.cpu.inline_pad``) and every load of the tile is checked, dearer than the copy
     (docs/design-notes.md#tails-every_tile_reads_padding). False where the widths are unknown."""
     widths = dict(expr.pad_widths).get(t.name)
     if not widths:

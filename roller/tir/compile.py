@@ -9,9 +9,9 @@ from roller.device.spec import Device
 
 
 _THREADS_LOCK = threading.Lock()
-# yields a TVM worker spins through, once its pool goes idle, before it sleeps (TVM's default: 300000, which on
-# a 2-core EPYC VM kept a core busy ~150 ms after every call: onnxruntime timed 100 ms after roller ran 1.3-1.4x
-# slower). 20000: ~11 ms there, far above the microseconds between the kernels of one model run.
+# yields a TVM worker spins through, once its pool goes idle, before it sleeps: long enough to span the gaps
+# between the kernels of one model run, short enough not to hold a core from other work on the machine after
+# roller's last call (TVM's own 300000 held one for ~150 ms; docs/models.md, "TVM's idle workers")
 SPIN_COUNT = 20000
 
 

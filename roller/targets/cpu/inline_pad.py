@@ -3,11 +3,10 @@ run without the bounds checks.
 
 Inlined, TVM's padding stage is ``if_then_else(in bounds, data[i - pad], 0)`` at every load of the register
 tile. LLVM sometimes moves those checks out of the loops itself; where it does not, the branches between the
-multiply-adds keep the accumulators out of registers, stored and reloaded around every one of them (a 3x3/2
-conv with a register tile of 4 rows x 4 vectors ran 2.0x slower inlined than copied). After scheduling, the
-loops of the register tile's whole reduction are therefore copied: one copy without checks, run where every
-load of the loops is in bounds (one comparison per check ahead of them), the other as it was, for the tiles at
-the border (docs/design-notes.md#inline_pad-unswitched_padding).
+multiply-adds keep the accumulators out of registers, stored and reloaded around every one of them. After
+scheduling, the loops of the register tile's whole reduction are therefore copied: one copy without checks,
+run where every load of the loops is in bounds (one comparison per check ahead of them), the other as it was,
+for the tiles at the border (docs/design-notes.md#inline_pad-unswitched_padding).
 """
 from __future__ import annotations
 

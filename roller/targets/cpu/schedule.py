@@ -667,4 +667,3 @@ def _transpose(sch, block, order: tuple[int, ...]) -> None:
     index_map = tvm.tirx.IndexMap.from_func(lambda *i: [i[j] for j in order], ndim=len(order))
     sch.transform_layout(block, ("write", 0), index_map)
     sch.transform_block_layout(block, index_map)
-
