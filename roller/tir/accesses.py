@@ -302,7 +302,7 @@ def _zero_if_padded(e, var) -> bool:
     from tvm import ir, tirx
 
     if isinstance(e, ir.expr.TensorLoad):
-        return any(_uses(i, var) for i in e.indices)
+        return any(uses_var(i, var) for i in e.indices)
     if isinstance(e, tirx.Cast):
         return _zero_if_padded(e.value, var)
     if isinstance(e, tirx.Mul):
@@ -312,7 +312,8 @@ def _zero_if_padded(e, var) -> bool:
     return False
 
 
-def _uses(index, var) -> bool:
+def uses_var(index, var) -> bool:
+    """Whether the expression ``index`` reads the variable ``var``."""
     from tvm import tirx
 
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))

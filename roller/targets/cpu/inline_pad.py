@@ -40,6 +40,7 @@ def unswitched_padding(func, block_name: str, names: Iterable[str]):
     import tvm_ffi
     from tvm import ir, s_tir, sym, tirx
 
+    from roller.tir.accesses import uses_var
     from roller.tir.tirtree import path_to, rebuilt
 
     names = frozenset(names)
@@ -75,11 +76,6 @@ def unswitched_padding(func, block_name: str, names: Iterable[str]):
         return func
     loops = [(i, s) for i, s in enumerate(path) if isinstance(s, tirx.For)]
 
-    def uses(e, var) -> bool:
-        found = []
-        tvm_ffi.structural_map(e, [(tirx.Var, lambda v: found.append(v) or v if v.same_as(var) else v)])
-        return bool(found)
-
     # the loops whose variables index the output (spatial): one of extent > 1 that is neither unrolled nor
     # vectorized ends the chain, as its iterations hold other accumulators
     spatial = [e for iv, (_, e) in zip(realize.block.iter_vars, binding) if iv.iter_type != tirx.IterVar.CommReduce]
@@ -91,7 +87,7 @@ def unswitched_padding(func, block_name: str, names: Iterable[str]):
             break
         small = loop.kind in (tirx.ForKind.UNROLLED, tirx.ForKind.VECTORIZED) or (
             isinstance(loop.extent, tirx.IntImm) and int(loop.extent) == 1)
-        if not small and any(uses(e, loop.loop_var) for e in spatial):
+        if not small and any(uses_var(e, loop.loop_var) for e in spatial):
             break
         if loop.kind != tirx.ForKind.VECTORIZED:
             split = i
