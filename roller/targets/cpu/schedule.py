@@ -32,6 +32,7 @@ from roller.device.spec import Device
 from roller.errors import BuildError
 from roller.plan.dot import DOT_DEPTH, amx_layout, dot_axis
 from roller.plan.expr import REDUCE, Expr
+from roller.tir.accesses import uses_var
 from roller.tir.ops import LANE_RUN
 from roller.plan.rprogram import RProgram
 from roller.plan.rtile import clamp_tiles, compute_lanes
@@ -517,8 +518,7 @@ def _init_in_layout_order(sch, init, block) -> None:
             return len(stmt.body.indices)  # innermost whatever it indexes
         for d, index in enumerate(stmt.body.indices):
             for iv, value in bindings:
-                if (any(v.same_as(iv.var) for v in tirx.analysis.undefined_vars(index))
-                        and any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))):
+                if uses_var(index, iv.var) and uses_var(value, var):
                     return d
         return -1  # a loop of extent one: outermost
 
