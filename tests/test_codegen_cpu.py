@@ -137,6 +137,21 @@ def test_conv2d_numerics(device, shape, tiles, packed):
 
 
 @pytest.mark.build
+def test_a_weight_whose_rows_spread_over_the_cache_sets_is_read_in_place(device):
+    """The constructor's first plan for a 1x1 conv whose weight rows lie 21 lines apart (336 channels) reads
+    the weight in place (``rtile.rows_spread``; it was packed per top tile): no copy of it in the kernel, and
+    the output matches numpy."""
+    from roller.targets import construct
+
+    shape = dict(N=1, H=11, W=11, C=672, K=336, R=1, S=1, pad=0)
+    _, _, expr = analysed("conv2d", shape)
+    first = construct(expr, device, topk=1).programs[0]
+    assert "weight" not in first.packed
+    _, prog = check("conv2d", shape, device, lambda e: first)
+    assert "weight_global" not in schedule(analysed("conv2d", shape)[1], expr, prog, device).mod.script()
+
+
+@pytest.mark.build
 @pytest.mark.parametrize("shape,tiles", [
     (dict(M=1025, N=129), ((16, 1), (16, 32), (64, 128))),
     (dict(M=1, N=7), ((16, 1), (16, 4), (16, 8))),

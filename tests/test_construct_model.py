@@ -88,6 +88,27 @@ def test_packed_copy_counts_twice_at_the_top_level_with_its_padding():
         assert p.footprint_bytes["L2"] <= DEV.level("L2").usable_bytes
 
 
+def test_rows_that_spread_over_the_cache_sets_are_read_in_place_not_packed():
+    """A 1x1 conv's weight of 2016 x 336 has rows 21 lines apart: every set of the L1 holds a share of a
+    column, and packing it per top tile only adds the copy (1050-1190 us against 760 read in place on a
+    Zen 4). Rows 16 lines apart (256 columns) map a column onto 4 of the 64 sets, and rows 4000 bytes
+    apart (a 1000-column B) start mid-line: those are still packed."""
+    from roller.plan.rtile import packing, rows_spread
+    dev = cpu()
+    tiles = [dict(n=1, h=6, w=1, k=48, r=1, s=1, c=1), dict(n=1, h=6, w=1, k=48, r=1, s=1, c=64),
+             dict(n=1, h=12, w=11, k=48, r=1, s=1, c=512)]
+    spread = conv2d_nhwc(1, 11, 11, 2016, 336, 1, 1)
+    rules = LevelRules.of(dev, 1, spread, "k")
+    assert rows_spread(next(t for t in spread.inputs if t.name == "Wt"), rules)
+    assert "Wt" not in packing(spread, tiles, dev, "k")[0]
+    conflicting = conv2d_nhwc(1, 11, 11, 2016, 256, 1, 1)
+    assert "Wt" in packing(conflicting, [dict(t, k=min(t["k"], 32)) for t in tiles], dev, "k")[0]
+    unaligned = matmul(1000, 1000, 1000)
+    mm = [{"i": 8, "j": 48, "k": 1}, {"i": 8, "j": 48, "k": 16}, {"i": 200, "j": 48, "k": 336}]
+    assert not rows_spread(next(t for t in unaligned.inputs if t.name == "B"), LevelRules.of(dev, 1, unaligned, "j"))
+    assert "B" in packing(unaligned, mm, dev, "j")[0]
+
+
 def test_staged_window_rows_are_padded_against_cache_set_conflicts():
     """A padding stage copied per top tile gets the packed copies' set padding: a 3x3 conv on 14x14x256
     whose top tile stages 16 x 16 pixels x 128 channels (rows 8 KiB apart) while its L1 tile reads 16
@@ -460,7 +481,7 @@ def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reu
     """Same accumulators (14 vectors), same tiles above: 14 pixels x one vector loads 15 vectors a step
     for 14 FMAs, 7 x 2 vectors 9. Loads between FMAs reach ``model.register_load_share`` of the L1's stream
     bandwidth, so the first is load-bound (1x1 conv 42x42x168, one thread: 910-1151 us against 687-707);
-    at the full stream bandwidth the model tied them."""
+    at the full stream bandwidth the model tied them while it packed the weight."""
     from roller.device.load import load_device
 
     dev = load_device("x86-avx512", calibrated=False)
@@ -477,4 +498,7 @@ def test_a_register_tile_that_loads_an_operand_per_fma_ranks_behind_one_that_reu
 
     assert ratio() > 1.25
     import dataclasses
-    assert ratio(dataclasses.replace(dev, model=dataclasses.replace(dev.model, register_load_share=1.0))) == pytest.approx(1.0)
+    # at the full stream bandwidth most of the gap closes; what remains is the narrow tile's reads of
+    # 64-byte slices of the weight's rows, which it reads in place (their 11-line stride spreads them
+    # over the L1's sets: rtile.rows_spread)
+    assert ratio(dataclasses.replace(dev, model=dataclasses.replace(dev.model, register_load_share=1.0))) < ratio() - 0.25
