@@ -228,9 +228,13 @@ def test_probed_model_terms_replace_the_specs_and_are_checked(spec):
     probes = {"launch": {"value": 1.0e-6, "rounds": [], "work": 1},
               "false_sharing": {"value": -2e-9, "rounds": [], "work": 1},  # noise around a free term: 0
               "accumulator": {"value": 0.2e-9, "rounds": [], "work": 1,
-                              "tile": {"mr": 14, "nv": 2, "chunks": 8, "chunk": 4}}}
+                              "tile": {"mr": 14, "nv": 2, "chunks": 8, "chunk": 4}},
+              "prefetch": {"value": 0.96, "seconds": [[3.1e-3, 2.9e-3], [3.0e-3, 2.9e-3]],
+                           "shape": {"M": 128, "N": 3072, "K": 768}}}
     terms = C.model_terms(spec, probes, "2026-11-28")
     hz = spec.units.clock_ghz * 1e9
+    assert terms["software_prefetch_gain"]["value"] == 0.96
+    assert "128 x 3072 x 768" in terms["software_prefetch_gain"]["source"]
     assert terms["parallel_launch_cycles"]["value"] == round(1e-6 * hz)
     assert terms["false_sharing_seconds"]["value"] == 0.0
     assert terms["accumulator_cycles"]["value"] == pytest.approx(0.2e-9 * hz)
@@ -242,6 +246,7 @@ def test_probed_model_terms_replace_the_specs_and_are_checked(spec):
     assert dev.model.parallel_launch_cycles == round(1e-6 * hz) != spec.model.parallel_launch_cycles
     assert dev.model.accumulator_cycles == pytest.approx(0.2e-9 * hz)
     assert dev.model.sources["accumulator_cycles"].startswith(store.MEASURED_SOURCE)
+    assert dev.model.software_prefetch_gain == 0.96 != spec.model.software_prefetch_gain
     assert dev.model.fold_cycles == spec.model.fold_cycles  # not probed: the spec's
     rows = {f: (ds, got) for f, ds, got in store.calibration_summary(dev)}
     assert rows["model.accumulator_cycles"] == (spec.model.accumulator_cycles, pytest.approx(0.2e-9 * hz))
@@ -266,3 +271,18 @@ def test_devices_marks_measured_terms_beside_the_specs_value(spec, capsys):
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["x86-avx512"]["model"]["accumulator_cycles"]["spec_value"] == spec.model.accumulator_cycles
     assert "spec_value" not in rows["x86-avx512"]["model"]["fold_cycles"]
+
+
+@pytest.mark.build
+def test_the_prefetch_probe_times_a_prepacked_gemm_with_and_without_its_prefetches(device):
+    """The probe behind ``model.software_prefetch_gain`` builds the first plan of a GEMM whose weight is
+    prepacked, with and without the prefetch of its next top tile's block, checks both against numpy and
+    times cold calls of each in turn: the figure is the time without over the time with."""
+    from roller.targets.cpu.microbench.prefetch import prefetch_probe
+
+    shape = {"M": 64, "N": 1024, "K": 512}
+    got = prefetch_probe(device, shape, flush_bytes=1 << 20, rounds=2)
+    assert got["shape"] == shape and len(got["seconds"]) == 2
+    assert all(len(r) == 2 and min(r) > 0 for r in got["seconds"])
+    ratios = sorted(without / with_ for with_, without in got["seconds"])
+    assert got["value"] == pytest.approx(sum(ratios) / 2)  # the median of two rounds

@@ -196,7 +196,8 @@ def test_constant_params_only_where_every_call_passes_a_constant():
 @pytest.mark.build
 @pytest.mark.parametrize("enabled", [True, False])
 def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled):
-    """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.targets.cpu.prefetch):
+    """A prepacked weight's next top-tile block is prefetched while a tile computes (roller.targets.cpu.prefetch)
+    on a device where that pays (``model.software_prefetch_gain`` above 1; below, the plan prefetches nothing):
     the kernel carries the prefetches, outside the register tile's loop, and still matches numpy."""
     import tvm
 
@@ -210,6 +211,11 @@ def test_kernel_prefetches_the_next_top_tiles_weights(device, enabled):
     shape = dict(N=1, H=7, W=7, C=256, K=512, R=1, S=1)
     func = ops.get_op("conv2d").make(shape)
     expr, norm = analyze(func)
+
+    def with_gain(gain):  # this machine's calibration may have measured that prefetching does not pay here
+        return dataclasses.replace(device, model=dataclasses.replace(device.model, software_prefetch_gain=gain))
+    assert construct(expr, with_gain(0.97), 1, frozenset({"weight"})).programs[0].prefetched == ()
+    device = with_gain(1.1)
     plan = construct(expr, device, 1, frozenset({"weight"})).programs[0]
     assert plan.prefetched == ("weight",)  # the plan decides (roller.plan.choices.prefetched_inputs)
     plan = dataclasses.replace(plan, prefetched=plan.prefetched if enabled else ())  # the A/B of the field

@@ -47,6 +47,7 @@ class ModelConstants:
     accumulator_cycles: float | None = None
     epilogue_op_cycles: float | None = None
     held_grid_wave_share: float | None = None
+    software_prefetch_gain: float | None = None
     # GPU (roller.targets.cuda)
     warps_for_peak: int | None = None
     sync_cycles: int | None = None

@@ -115,13 +115,21 @@ def main_loops(expr: Expr, program: RProgram, device: Device) -> tuple[int, list
     return len(units), units + levels + inner
 
 
+def prefetch_pays(device: Device) -> bool:
+    """Whether software prefetch of prepacked weights pays on ``device``: its ``model.software_prefetch_gain``
+    (time without over time with, which ``roller calibrate`` measures on a GEMM whose weight comes from memory)
+    is above 1, or unknown (a spec without the figure keeps the prefetches)."""
+    gain = device.model.software_prefetch_gain
+    return gain is None or gain > 1.0
+
+
 def prefetched_inputs(expr: Expr, program: RProgram, device: Device) -> tuple[str, ...]:
     """The prepacked inputs whose next top tile code generation prefetches while a top tile computes
-    (``targets/cpu/prefetch.py``): blocks of at least MIN_BLOCK_BYTES that the main block reads more than
+    (``targets/cpu/prefetch.py``), on a device where that pays (:func:`prefetch_pays`): blocks of at least MIN_BLOCK_BYTES that the main block reads more than
     once in a top tile (some loop walks on without moving in it: a stream read once, a GEMV's weights, is the
     hardware prefetchers' case), where a loop other than the innermost walked one runs at least
     MIN_CARRIER_POINTS points an iteration to carry the prefetches, below a parallel grid loop."""
-    if not program.prepacked:
+    if not program.prepacked or not prefetch_pays(device):
         return ()
     nest = main_loops(expr, program, device)
     if nest is None:

@@ -18,6 +18,7 @@ DRAM_MIN_BYTES = 256 << 20   # main-memory working set: at least this, and 4x th
 SMALL_ROWS = (1, 4, 8, 16, 32)  # small-transfer row lengths, float32 elements
 PEAK_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int32")
 SWEEP_START = 16 << 10
+PREFETCH_GEMM = {"M": 128, "N": 3072, "K": 768}  # the software-prefetch probe's GEMM (microbench.prefetch)
 
 
 def memory_cap_bytes() -> int:
@@ -119,7 +120,7 @@ def probe_plan(device: Device) -> dict:
     """Sizes of the cost model's probes (``roller.targets.cpu.microbench.probes``): the false-sharing probe's
     lines (a cache line of float32s, each unit a slice of it) and the accumulator probe's tile (the float32
     peak tile's rows and vectors, 4 tiles, 8 chunks of a reduction short enough that A, B and C stay in half of
-    L1)."""
+    L1) and the prefetch probe's GEMM (``PREFETCH_GEMM``, its flush twice the last cache)."""
     line_bytes = next((lv.transaction_bytes for lv in device.levels if lv.storage_scope != "local"), 64)
     tile = peak_tile(device, "float32")
     lanes, mr, nv = tile["lanes"], tile["mr"], tile["nv"]
@@ -130,7 +131,16 @@ def probe_plan(device: Device) -> dict:
         chunk //= 2
     return {"line_elems": max(1, line_bytes // 4), "share_lines": 256, "share_reps": 200,
             "accumulator": {"lanes": lanes, "mr": mr, "nv": nv, "tiles": tiles, "chunks": chunks, "chunk": chunk,
-                            "reps": 40}}
+                            "reps": 40},
+            # BERT-base's first FFN GEMM at 128 tokens: a 9 MiB weight, read from memory after each flush
+            "prefetch": {"shape": dict(PREFETCH_GEMM), "flush_bytes": 2 * _last_cache_bytes(device), "rounds": 5}}
+
+
+def _last_cache_bytes(device: Device) -> int:
+    """Bytes the caches hold between the units' data and memory: the largest cache level's (all units' where
+    it is private)."""
+    caches = [lv for lv in swept_levels(device)[:-1]]
+    return max((lv.capacity_bytes * (1 if lv.shared else device.units.count) for lv in caches), default=32 << 20)
 
 
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:

@@ -21,6 +21,7 @@ from roller.errors import CalibrationError
 
 from roller.targets.cpu.microbench import kernels as K
 from roller.targets.cpu.microbench import probes as P
+from roller.targets.cpu.microbench.prefetch import prefetch_probe
 
 SKIP_BF16 = ("x86 has no bfloat16 FMA (only vdpbf16ps dot products into float32, and AMX tiles); "
              "TVM computes bfloat16 arithmetic through float32")
@@ -353,6 +354,13 @@ class Runner:
         out["accumulator"] = dict(self.paired((moved, [A, B, C]), (held, [A, B, C]), moves,
                                               number=10), tile=acc)
         self.progress(f"probe: accumulator move {out['accumulator']['value'] * 1e9:.3f} ns")
+        pf = spec.get("prefetch")
+        if pf and not busy:  # all units at once, as in a model
+            try:
+                out["prefetch"] = prefetch_probe(self.device, pf["shape"], pf["flush_bytes"], pf["rounds"])
+                self.progress(f"probe: software prefetch {out['prefetch']['value']:.3f}x")
+            except CalibrationError as e:  # the spec's figure stays
+                self.progress(f"probe: software prefetch not measured: {e}")
         return out
 
     def busy(self) -> bool:
