@@ -125,10 +125,11 @@ def prefetch_pays(device: Device) -> bool:
 
 def prefetched_inputs(expr: Expr, program: RProgram, device: Device) -> tuple[str, ...]:
     """The prepacked inputs whose next top tile code generation prefetches while a top tile computes
-    (``targets/cpu/prefetch.py``), on a device where that pays (:func:`prefetch_pays`): blocks of at least MIN_BLOCK_BYTES that the main block reads more than
-    once in a top tile (some loop walks on without moving in it: a stream read once, a GEMV's weights, is the
-    hardware prefetchers' case), where a loop other than the innermost walked one runs at least
-    MIN_CARRIER_POINTS points an iteration to carry the prefetches, below a parallel grid loop."""
+    (``targets/cpu/prefetch.py``), on a device where that pays (:func:`prefetch_pays`): blocks of at least
+    MIN_BLOCK_BYTES that the main block reads more than once in a top tile (some loop walks on without moving
+    in it: a stream read once, a GEMV's weights, is the hardware prefetchers' case), where a loop other than the
+    innermost walked one runs at least MIN_CARRIER_POINTS points an iteration to carry the prefetches, below a
+    parallel grid loop."""
     if not program.prepacked or not prefetch_pays(device):
         return ()
     nest = main_loops(expr, program, device)

@@ -486,9 +486,9 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
     the contiguous dimension) and the top tile re-reads it (a panel re-reads its resident input inside its
     L1 tile: :func:`panel_rereads`): the copy is paid once and every re-read then
     streams a dense block; unless its rows as stored start on lines that spread over the cache sets
-    (:func:`rows_spread`), which read in place as well. A copy's rows are padded to whole vectors where they run along the vector axis
-    (``vector_row_pad``), and further when the lower tile reads part of each row and the row stride would
-    map a column onto few cache sets.
+    (:func:`rows_spread`), which read in place as well. A copy's rows are padded to whole vectors where they
+    run along the vector axis (``vector_row_pad``), and further when the lower tile reads part of each row and
+    the row stride would map a column onto few cache sets.
     """
     if len(tiles) < 2:
         return (), {}
@@ -527,9 +527,9 @@ def packing(expr: Expr, tiles: list[Mapping[str, int]], device: Device,
 def rows_spread(t: TensorAccess, rules: LevelRules) -> bool:
     """Whether the rows of ``t`` as stored start on a line each and spread over all the sets of the level
     below the top (``rules``): their stride is a whole number of transactions, and no storage padding would
-    spread them further (``LevelRules.storage_pad_bytes``). Such rows read as fast in place as from a
-    copy, which would only add its own time (docs/design-notes.md#rtile-rows_spread). A stride of a power of two lines (a
-    GEMM's B of 4096 columns) maps a column onto one set, and an unaligned one splits vector loads."""
+    spread them further (``LevelRules.storage_pad_bytes``). Such rows read as fast in place as from a copy,
+    which would only add its own time (docs/design-notes.md#rtile-rows_spread). A stride of a power of two
+    lines (a GEMM's B of 4096 columns) maps a column onto one set, and an unaligned one splits vector loads."""
     row = t.shape[-1] * t.elem_bytes
     return row % rules.level.transaction_bytes == 0 and not rules.storage_pad_bytes(row)
 

@@ -123,7 +123,8 @@ def per_unit(total: float, units: int) -> float:
 def model_terms(device: Device, probes: dict, day: str) -> dict:
     """The cost model's terms the probes measured, in a spec's ``model:`` shape (name -> value, source, probe):
     pool launch and join in cycles of the model's clock, a line two units write in seconds, an accumulator
-    vector moved through L1 in cycles, and the speedup software prefetch of a prepacked weight gives. A difference that came out below zero (noise around a free term) is 0."""
+    vector moved through L1 in cycles, and the speedup software prefetch of a prepacked weight gives. A
+    difference that came out below zero (noise around a free term) is 0."""
     hz = 1 / cycle_seconds(device)  # the model's clock
     out = {}
     if "launch" in probes:

@@ -139,8 +139,8 @@ def probe_plan(device: Device) -> dict:
 def _last_cache_bytes(device: Device) -> int:
     """Bytes the caches hold between the units' data and memory: the largest cache level's (all units' where
     it is private)."""
-    caches = [lv for lv in swept_levels(device)[:-1]]
-    return max((lv.capacity_bytes * (1 if lv.shared else device.units.count) for lv in caches), default=32 << 20)
+    return max((lv.capacity_bytes * (1 if lv.shared else device.units.count) for lv in swept_levels(device)[:-1]),
+               default=32 << 20)
 
 
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:

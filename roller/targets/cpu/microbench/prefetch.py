@@ -3,10 +3,10 @@
 A model's weights arrive packed in the plan's tiles (``roller.plan.prepack``), and code generation can
 prefetch the next top tile's block of each while a top tile computes (``roller.targets.cpu.prefetch``). Whether
 that pays depends on the core's own prefetchers: it paid on a Sapphire Rapids VM and cost on a Zen 4 one
-(docs/cost-constants.md, ``software_prefetch_gain``). The probe builds the constructor's first
-plan of a GEMM whose weight is prepacked, with and without the prefetches, and times single calls of the two in
-turn, each after a write of twice the last cache has flushed the weight to memory, as between the layers of a
-model. The figure is the time without over the time with: above 1, prefetching pays.
+(docs/cost-constants.md, ``software_prefetch_gain``). The probe builds the constructor's first plan of a GEMM
+whose weight is prepacked, with and without the prefetches, and times single calls of the two in turn, each
+after a write of twice the last cache has flushed the weight to memory, as between the layers of a model. The
+figure is the time without over the time with: above 1, prefetching pays.
 """
 from __future__ import annotations
 
