@@ -29,7 +29,12 @@ FIGURES = ("predicted_seconds", "compute_seconds", "memory_seconds", "traffic_by
 
 
 def plan_key(plan: dict) -> str:
-    return json.dumps({k: v for k, v in plan.items() if k not in FIGURES}, sort_keys=True)
+    """The plan's choices as one string, every field at its default where the snapshot has none (a snapshot
+    written before RProgram gained a field compares equal to one written after, where the plan did not use it)."""
+    from roller.plan.rprogram import RProgram
+
+    full = RProgram.from_dict(plan).to_dict()
+    return json.dumps({k: v for k, v in full.items() if k not in FIGURES}, sort_keys=True)
 
 
 def moved(before: dict, after: dict) -> list[str]:

@@ -197,3 +197,17 @@ def test_every_suite_case_names_an_operator_roller_builds(csv_name):
     for case in cases:
         spec = case_spec(case)  # raises Skip where roller lacks the operator or an option
         assert spec.full_shape(case.shape), case.name
+
+
+def test_ab_first_plans_compares_plans_with_fields_at_their_defaults():
+    """A snapshot written before RProgram gained a field compares equal to one written after where the plan
+    leaves the field at its default: ab_first_plans then times only the cases whose first plan moved."""
+    sys.path.insert(0, str(SCRIPTS))
+    from ab_first_plans import moved, plan_key
+
+    new = {"levels": ["reg"], "tiles": {"reg": {"i": 4}}, "grid": {"i": 1}, "units": 1, "waves": 1,
+           "register_transposes": [], "amx": False, "predicted_seconds": 1e-6}
+    old = {k: v for k, v in new.items() if k not in ("register_transposes", "amx", "predicted_seconds")}
+    assert plan_key(old) == plan_key(new)
+    other = dict(new, tiles={"reg": {"i": 8}})
+    assert moved({"a": [old], "b": [old]}, {"a": [new], "b": [other]}) == ["b"]
