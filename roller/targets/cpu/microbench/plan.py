@@ -133,14 +133,8 @@ def probe_plan(device: Device) -> dict:
             "accumulator": {"lanes": lanes, "mr": mr, "nv": nv, "tiles": tiles, "chunks": chunks, "chunk": chunk,
                             "reps": 40},
             # BERT-base's first FFN GEMM at 128 tokens: a 9 MiB weight, read from memory after each flush
-            "prefetch": {"shape": dict(PREFETCH_GEMM), "flush_bytes": 2 * _last_cache_bytes(device), "rounds": 5}}
-
-
-def _last_cache_bytes(device: Device) -> int:
-    """Bytes the caches hold between the units' data and memory: the largest cache level's (all units' where
-    it is private)."""
-    return max((lv.capacity_bytes * (1 if lv.shared else device.units.count) for lv in swept_levels(device)[:-1]),
-               default=32 << 20)
+            "prefetch": {"shape": dict(PREFETCH_GEMM), "rounds": 5,
+                         "flush_bytes": max(64 << 20, 2 * device.levels[-2].capacity_bytes)}}  # the last cache
 
 
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:

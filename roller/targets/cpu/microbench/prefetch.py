@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from roller.errors import CalibrationError
+from roller.measure.verify import TOLERANCE, fill_sentinel, wrong_result
 
 CALLS = 7  # single cold calls a round, of each kernel
 
@@ -54,10 +55,11 @@ def prefetch_probe(device, shape: dict, flush_bytes: int, rounds: int) -> dict:
     kernels = []
     for program in (plan, dataclasses.replace(plan, prefetched=())):
         kernel = compile_for(schedule(func, expr, program, device).mod, target_for(device))["main"]
-        out = tvm.runtime.tensor(np.full(reference.shape, np.nan, "float32"))
+        out = tvm.runtime.tensor(fill_sentinel(np.empty(reference.shape, "float32")))
         kernel(*args, out)
-        if not np.allclose(out.numpy(), reference, rtol=1e-4, atol=1e-4):
-            raise CalibrationError("the prefetch probe's GEMM computed a wrong result")
+        why = wrong_result(out.numpy(), reference, *TOLERANCE["float32"])
+        if why:
+            raise CalibrationError(f"the prefetch probe's GEMM computed a {why}")
         kernels.append((kernel, out))
     flush = np.zeros(max(1, flush_bytes // 4), "float32")
     seconds = []
