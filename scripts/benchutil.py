@@ -1,6 +1,6 @@
 """What the benchmark scripts share: timing implementations alternately (roller.measure.timing, re-exported
-here), timing calls on cold caches (:class:`ColdTimer`), the peer implementations (numpy, PyTorch) of
-roller's named operators, and which OpenBLAS kernel numpy runs.
+here), timing calls on cold caches (roller.measure.cold.ColdTimer, re-exported), the peer implementations
+(numpy, PyTorch) of roller's named operators, and which OpenBLAS kernel numpy runs.
 
 Imported by the benchmark scripts (bench_ops, bench_suite, bench_models, model_breakdown, prepack_ab, ...; run as
 ``python scripts/NAME.py``, which puts scripts/ on sys.path).
@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 
+from roller.measure.cold import ColdTimer  # noqa: F401 (re-exported)
 from roller.measure.timing import SETTLE_SECONDS, median_seconds, time_alternately  # noqa: F401 (re-exported)
 
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
@@ -78,21 +79,6 @@ def cpu_seconds(fn, target: float) -> float:
     return (time.thread_time() - t0) / n
 
 
-def last_cache_bytes() -> int:
-    """Bytes of this machine's last-level cache as Linux reports it (0 where it does not). Not the device
-    spec's L3: a VM's spec may give its share, and the host's whole cache keeps data between calls
-    (here 300 MiB, where 64 MB written evicted none of ResNet-50's weights)."""
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        text = open(path).read().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        try:
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except ValueError:
-            continue
-    return max(sizes, default=0)
-
-
 class SpeedProbe:
     """How fast the machine runs now against its calibration: the calibration's own peak kernel
     (``roller.targets.cpu.microbench.kernels.peak_kernel``, float32, every unit, ~1 ms a call) timed a few times, its median
@@ -128,31 +114,6 @@ class SpeedProbe:
         """The median rate of a few calls now, as a fraction of the calibrated peak."""
         rates = sorted(self.work / s / 1e9 for s in self._timer(*self._args).results)
         return rates[len(rates) // 2] / self.peak
-
-
-# Bytes written between cold calls: twice the last-level cache (and at least 64 MB), so that a call finds
-# none of its operands cached (inside a model, the other layers leave a layer's weights in memory).
-FLUSH_BYTES = max(64 << 20, 2 * last_cache_bytes())
-
-
-class ColdTimer:
-    """Times single calls of a function, each right after FLUSH_BYTES written have pushed everything else
-    out of the caches (a write of 600 MB takes ~0.1 s); ``clock`` is the clock to read (time.perf_counter,
-    or time.thread_time on one thread)."""
-
-    def __init__(self, clock: Callable[[], float]):
-        self.clock = clock
-        self._flush = np.ones(FLUSH_BYTES // 8)
-
-    def __call__(self, fn: Callable[[], Any], calls: int = 5) -> list[float]:
-        """Seconds of each of ``calls`` cold calls of ``fn``."""
-        out = []
-        for _ in range(calls):
-            np.add(self._flush, 1.0, out=self._flush)
-            start = self.clock()
-            fn()
-            out.append(self.clock() - start)
-        return out
 
 
 def checked_plan(func, expr, program, device, arrays: Sequence[np.ndarray], reference: np.ndarray,

@@ -120,7 +120,7 @@ def probe_plan(device: Device) -> dict:
     """Sizes of the cost model's probes (``roller.targets.cpu.microbench.probes``): the false-sharing probe's
     lines (a cache line of float32s, each unit a slice of it) and the accumulator probe's tile (the float32
     peak tile's rows and vectors, 4 tiles, 8 chunks of a reduction short enough that A, B and C stay in half of
-    L1) and the prefetch probe's GEMM (``PREFETCH_GEMM``, its flush twice the last cache)."""
+    L1) and the prefetch probe's GEMM (``PREFETCH_GEMM``)."""
     line_bytes = next((lv.transaction_bytes for lv in device.levels if lv.storage_scope != "local"), 64)
     tile = peak_tile(device, "float32")
     lanes, mr, nv = tile["lanes"], tile["mr"], tile["nv"]
@@ -133,8 +133,7 @@ def probe_plan(device: Device) -> dict:
             "accumulator": {"lanes": lanes, "mr": mr, "nv": nv, "tiles": tiles, "chunks": chunks, "chunk": chunk,
                             "reps": 40},
             # BERT-base's first FFN GEMM at 128 tokens: a 9 MiB weight, read from memory after each flush
-            "prefetch": {"shape": dict(PREFETCH_GEMM), "rounds": 5,
-                         "flush_bytes": max(64 << 20, 2 * device.levels[-2].capacity_bytes)}}  # the last cache
+            "prefetch": {"shape": dict(PREFETCH_GEMM), "rounds": 5}}
 
 
 def make_plan(device: Device, threads: int, quick: bool = False) -> dict:

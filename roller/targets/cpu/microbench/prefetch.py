@@ -5,8 +5,8 @@ prefetch the next top tile's block of each while a top tile computes (``roller.t
 that pays depends on the core's own prefetchers: it paid on a Sapphire Rapids VM and cost on a Zen 4 one
 (docs/cost-constants.md, ``software_prefetch_gain``). The probe builds the constructor's first plan of a GEMM
 whose weight is prepacked, with and without the prefetches, and times single calls of the two in turn, each
-after a write of twice the last cache has flushed the weight to memory, as between the layers of a model. The
-figure is the time without over the time with: above 1, prefetching pays.
+after a write of twice the last cache has flushed the weight to memory (``roller.measure.cold``), as between
+the layers of a model. The figure is the time without over the time with: above 1, prefetching pays.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import time
 import numpy as np
 
 from roller.errors import CalibrationError
+from roller.measure.cold import ColdTimer
 from roller.measure.verify import TOLERANCE, fill_sentinel, wrong_result
 
 CALLS = 7  # single cold calls a round, of each kernel
 
 
-def prefetch_probe(device, shape: dict, flush_bytes: int, rounds: int) -> dict:
+def prefetch_probe(device, shape: dict, rounds: int) -> dict:
     """{"value": seconds without / seconds with, "seconds": [[with, without] per round], "shape": shape}: the
     medians of ``CALLS`` cold calls of each kernel a round, over ``rounds`` rounds (the median of the rounds'
     ratios). Both kernels are checked against numpy first; CalibrationError where the plan has no prefetch
@@ -61,18 +62,8 @@ def prefetch_probe(device, shape: dict, flush_bytes: int, rounds: int) -> dict:
         if why:
             raise CalibrationError(f"the prefetch probe's GEMM computed a {why}")
         kernels.append((kernel, out))
-    flush = np.zeros(max(1, flush_bytes // 4), "float32")
-    seconds = []
-    for _ in range(rounds):
-        medians = []
-        for kernel, out in kernels:
-            calls = []
-            for _ in range(CALLS):
-                np.add(flush, 1.0, out=flush)  # the weight leaves the caches
-                start = time.perf_counter()
-                kernel(*args, out)
-                calls.append(time.perf_counter() - start)
-            medians.append(statistics.median(calls))
-        seconds.append(medians)
+    cold = ColdTimer(time.perf_counter)  # the weight leaves the caches before each call
+    seconds = [[statistics.median(cold(lambda: kernel(*args, out), CALLS)) for kernel, out in kernels]
+               for _ in range(rounds)]
     ratio = statistics.median(without / with_ for with_, without in seconds)
     return {"value": ratio, "seconds": seconds, "shape": dict(shape)}

@@ -357,7 +357,7 @@ class Runner:
         pf = spec.get("prefetch")
         if pf and not busy:  # all units at once, as in a model
             try:
-                out["prefetch"] = prefetch_probe(self.device, pf["shape"], pf["flush_bytes"], pf["rounds"])
+                out["prefetch"] = prefetch_probe(self.device, pf["shape"], pf["rounds"])
                 self.progress(f"probe: software prefetch {out['prefetch']['value']:.3f}x")
             except CalibrationError as e:  # the spec's figure stays
                 self.progress(f"probe: software prefetch not measured: {e}")
